@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Provisions everything the integration tests need on a fresh Debian machine.
+# Safe to run twice: every step checks before it acts.
+#   RabbitMQ and Redis from Debian's packages, an S3-compatible server (moto_server from PyPI),
+#   and the agent image built locally with debootstrap (there is no registry).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+STATE_DIR="${FLEET_STATE_DIR:-/tmp/fleet-services}"
+IMAGE="${FLEET_IMAGE:-fleet-agent-py:1}"
+S3_PORT="${FLEET_S3_PORT:-9000}"
+mkdir -p "$STATE_DIR"
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+log() { printf '[provision] %s\n' "$*"; }
+
+need_pkgs=()
+command -v rabbitmq-server >/dev/null || need_pkgs+=(rabbitmq-server)
+command -v redis-server >/dev/null || need_pkgs+=(redis-server)
+command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v git >/dev/null || need_pkgs+=(git)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  # the package's postinst tries to start the service; policy-rc.d keeps it from doing so
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+  $SUDO chmod +x /usr/sbin/policy-rc.d
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  $SUDO rm -f /usr/sbin/policy-rc.d
+fi
+
+# --- Redis ---
+if ! redis-cli -p 6379 ping >/dev/null 2>&1; then
+  log "starting redis on 127.0.0.1:6379"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --logfile "$STATE_DIR/redis.log"
+fi
+
+# --- RabbitMQ ---
+# Agent jobs may run longer than RabbitMQ's default consumer_timeout (30 min); raise it.
+$SUDO mkdir -p /etc/rabbitmq
+if ! grep -q consumer_timeout /etc/rabbitmq/rabbitmq.conf 2>/dev/null; then
+  $SUDO cp "$here/deploy/rabbitmq.conf" /etc/rabbitmq/rabbitmq.conf
+fi
+if ! rabbitmqctl -q status >/dev/null 2>&1; then
+  log "starting rabbitmq on 127.0.0.1:5672"
+  $SUDO rabbitmq-server -detached >/dev/null 2>&1 || true
+  for _ in $(seq 1 60); do
+    rabbitmqctl -q await_startup >/dev/null 2>&1 && break
+    sleep 1
+  done
+  rabbitmqctl -q status >/dev/null
+fi
+
+# --- S3 (moto_server) ---
+if ! command -v moto_server >/dev/null; then
+  log "installing moto[server] from PyPI"
+  python3 -m pip install -q 'moto[server]'
+fi
+if ! curl -fs "http://127.0.0.1:$S3_PORT/" >/dev/null 2>&1; then
+  log "starting moto_server on 127.0.0.1:$S3_PORT"
+  nohup moto_server -H 127.0.0.1 -p "$S3_PORT" >"$STATE_DIR/moto.log" 2>&1 &
+  for _ in $(seq 1 60); do curl -fs "http://127.0.0.1:$S3_PORT/" >/dev/null 2>&1 && break; sleep 0.5; done
+fi
+curl -fs -X PUT "http://127.0.0.1:$S3_PORT/fleet" >/dev/null || true
+
+# --- the agent image ---
+"$here/scripts/build-image.sh" "$IMAGE"
+log "ready: redis 6379, rabbitmq 5672, s3 $S3_PORT, image $IMAGE"

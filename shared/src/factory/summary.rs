@@ -1,0 +1,199 @@
+use super::{Stage, CONSTRAINTS_REMINDER};
+use crate::engine::{Outcome, RunState};
+use crate::messages::JobStatus;
+use crate::text;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const EXCERPT_CHARS: usize = 2000;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FailureBrief {
+    pub stage: Stage,
+    pub command: Option<String>,
+    pub exit_code: Option<i64>,
+    pub primary_error_excerpt: String,
+    pub constraints_reminder: String,
+}
+
+impl FailureBrief {
+    pub fn new(
+        stage: Stage,
+        command: Option<String>,
+        exit_code: Option<i64>,
+        excerpt: &str,
+    ) -> Self {
+        Self {
+            stage,
+            command,
+            exit_code,
+            primary_error_excerpt: text::tail(excerpt, 40, EXCERPT_CHARS),
+            constraints_reminder: CONSTRAINTS_REMINDER.to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CmdResult {
+    pub command: Vec<String>,
+    pub exit_code: i64,
+    pub stdout_trunc: String,
+    pub stderr_trunc: String,
+    pub stdout_path: String,
+    pub stderr_path: String,
+    pub duration_seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AttemptRecord {
+    pub attempt_index: u32,
+    pub baseline_commit: String,
+    pub patch_path: String,
+    pub touched_files: Vec<String>,
+    pub apply_ok: bool,
+    pub verify: Vec<CmdResult>,
+    pub acceptance: Vec<CmdResult>,
+    pub failure_brief: Option<FailureBrief>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub repo_path: String,
+    pub work_order_path: String,
+    pub work_order_hash: String,
+    pub repo_baseline_commit: String,
+    pub repo_tree_hash_before: String,
+    pub repo_tree_hash_after: String,
+    pub max_attempts: u32,
+    pub attempts: Vec<AttemptRecord>,
+    pub verdict: String,
+    pub ended_stage: String,
+    pub started_utc: String,
+    pub ended_utc: String,
+}
+
+/// The FailureBrief a failed outcome stands for: the one the harness step wrote, or one made
+/// from the job's status (an agent output that broke its schema is `llm_output_invalid`).
+pub fn failure_brief_of(o: &Outcome) -> Option<FailureBrief> {
+    if o.ok {
+        return None;
+    }
+    if let Some(b) = o
+        .output
+        .get("failure_brief")
+        .and_then(|b| serde_json::from_value::<FailureBrief>(b.clone()).ok())
+    {
+        return Some(b);
+    }
+    let stage = match o.status {
+        JobStatus::OutputInvalid => Stage::LlmOutputInvalid,
+        _ => Stage::Exception,
+    };
+    let msg = o.error.clone().unwrap_or_else(|| format!("{:?}", o.status));
+    Some(FailureBrief::new(stage, None, None, &msg))
+}
+
+fn attempt_of(o: &Outcome) -> u32 {
+    o.output
+        .get("attempt_index")
+        .and_then(Value::as_u64)
+        .map(|n| n as u32)
+        .unwrap_or(o.visit)
+}
+
+fn from_output<T: serde::de::DeserializeOwned + Default>(o: Option<&Outcome>, key: &str) -> T {
+    o.and_then(|o| o.output.get(key))
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Assembles `run_summary.json` from the run's history of `se`, `tr` and `po` outcomes.
+pub fn summarize(state: &RunState, success: bool, at: &str) -> Value {
+    let by = |node: &str, attempt: u32| -> Option<&Outcome> {
+        state
+            .history
+            .iter()
+            .rev()
+            .find(|o| o.node.as_str() == node && attempt_of(o) == attempt)
+    };
+    let mut attempts = Vec::new();
+    for se in state.history.iter().filter(|o| o.node.as_str() == "se") {
+        let n = se.visit;
+        let tr = by("tr", n);
+        let po = by("po", n);
+        let failure_brief = [Some(se), tr, po]
+            .into_iter()
+            .flatten()
+            .find_map(failure_brief_of);
+        attempts.push(AttemptRecord {
+            attempt_index: n,
+            baseline_commit: state.repo.base_commit.clone(),
+            patch_path: from_output(tr, "patch_path"),
+            touched_files: from_output(tr, "touched_files"),
+            apply_ok: from_output(tr, "apply_ok"),
+            verify: from_output(po, "verify"),
+            acceptance: from_output(po, "acceptance"),
+            failure_brief,
+        });
+    }
+    let meta = |k: &str| {
+        state
+            .meta
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let before = meta("repo_tree_hash_before");
+    let after = if success {
+        state
+            .last_outcome(&crate::ids::NodeId::new("po"))
+            .and_then(|o| o.output.get("tree_hash_after"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| before.clone())
+    } else {
+        // Every failed attempt is rolled back to the baseline: the tree is as it was.
+        before.clone()
+    };
+    let ended_stage = if success {
+        "success".to_string()
+    } else {
+        attempts
+            .last()
+            .and_then(|a| a.failure_brief.as_ref())
+            .map(|b| {
+                serde_json::to_value(b.stage)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_else(|| "exception".to_string())
+    };
+    let summary = RunSummary {
+        run_id: state.run_id.to_string(),
+        repo_path: state.repo.url.clone(),
+        work_order_path: state
+            .input
+            .get("work_order_path")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        work_order_hash: meta("work_order_hash"),
+        repo_baseline_commit: state.repo.base_commit.clone(),
+        repo_tree_hash_before: before,
+        repo_tree_hash_after: after,
+        max_attempts: state
+            .input
+            .pointer("/options/max_attempts")
+            .and_then(Value::as_u64)
+            .unwrap_or(2) as u32,
+        attempts,
+        verdict: if success { "PASS" } else { "FAIL" }.to_string(),
+        ended_stage,
+        started_utc: state.created_at.clone(),
+        ended_utc: at.to_string(),
+    };
+    serde_json::to_value(summary).unwrap_or(Value::Null)
+}

@@ -1,0 +1,312 @@
+use crate::hashing::{canonical_hash, sha256_hex};
+use crate::paths::normalize_relative;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+pub const MAX_CONTEXT_FILES: usize = 10;
+pub const MAX_CONTEXT_BYTES: usize = 200 * 1024;
+
+/// Directories the stable tree hash leaves out (the seed's list).
+pub const TREE_EXCLUDED_DIRS: &[&str] = &[
+    ".git",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".venv",
+    "venv",
+    "env",
+    "node_modules",
+];
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    Preflight,
+    LlmOutputInvalid,
+    PatchScopeViolation,
+    PatchApplyFailed,
+    VerifyFailed,
+    AcceptanceFailed,
+    Exception,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkOrder {
+    pub id: String,
+    pub title: String,
+    pub intent: String,
+    pub allowed_files: Vec<String>,
+    pub forbidden: Vec<String>,
+    pub acceptance_commands: Vec<String>,
+    pub context_files: Vec<String>,
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum WorkOrderError {
+    #[error("work order is malformed: {0}")]
+    Malformed(String),
+    #[error("work order field `{field}`: {message}")]
+    Field { field: String, message: String },
+}
+
+fn field(field: &str, message: impl Into<String>) -> WorkOrderError {
+    WorkOrderError::Field {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+impl WorkOrder {
+    pub fn from_value(value: &Value) -> Result<Self, WorkOrderError> {
+        let wo: WorkOrder = serde_json::from_value(value.clone())
+            .map_err(|e| WorkOrderError::Malformed(e.to_string()))?;
+        wo.validate()?;
+        Ok(wo)
+    }
+
+    /// The seed's rules: relative paths without drive letters or `..`, non-empty acceptance
+    /// commands, at most 10 context files, all of them allowed.
+    pub fn validate(&self) -> Result<(), WorkOrderError> {
+        for (name, paths) in [
+            ("allowed_files", &self.allowed_files),
+            ("context_files", &self.context_files),
+        ] {
+            for (i, p) in paths.iter().enumerate() {
+                normalize_relative(p).map_err(|e| field(&format!("{name}[{i}]"), e.to_string()))?;
+            }
+        }
+        if self.acceptance_commands.is_empty() {
+            return Err(field("acceptance_commands", "must not be empty"));
+        }
+        for (i, c) in self.acceptance_commands.iter().enumerate() {
+            super::split_command(c).map_err(|e| field(&format!("acceptance_commands[{i}]"), e))?;
+        }
+        if self.context_files.len() > MAX_CONTEXT_FILES {
+            return Err(field(
+                "context_files",
+                format!("at most {MAX_CONTEXT_FILES} files, got {}", self.context_files.len()),
+            ));
+        }
+        let allowed: Vec<String> = self
+            .allowed_files
+            .iter()
+            .filter_map(|p| normalize_relative(p).ok())
+            .collect();
+        for c in &self.context_files {
+            let n = normalize_relative(c).unwrap_or_default();
+            if !allowed.contains(&n) {
+                return Err(field(
+                    "context_files",
+                    format!("`{c}` is not in allowed_files (context_files must be a subset)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FactoryOptions {
+    #[serde(default = "two")]
+    pub max_attempts: u32,
+    #[serde(default)]
+    pub temperature: f64,
+    #[serde(default = "six_hundred")]
+    pub timeout_seconds: u64,
+}
+
+fn two() -> u32 {
+    2
+}
+fn six_hundred() -> u64 {
+    600
+}
+
+impl Default for FactoryOptions {
+    fn default() -> Self {
+        Self {
+            max_attempts: 2,
+            temperature: 0.0,
+            timeout_seconds: 600,
+        }
+    }
+}
+
+/// What `prepare` computes at submission; stored as the run's `meta`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FactoryMeta {
+    pub run_id: String,
+    pub work_order_hash: String,
+    pub config_hash: String,
+    pub repo_tree_hash_before: String,
+    pub model: String,
+}
+
+/// `sha256("{model}|{temperature}|{max_attempts}|{timeout_seconds}")`. Temperature is written
+/// the way Python's `str(float)` writes it (`0.0`, `0.7`).
+pub fn config_hash(model: &str, temperature: f64, max_attempts: u32, timeout: u64) -> String {
+    let temp = if temperature.fract() == 0.0 {
+        format!("{temperature:.1}")
+    } else {
+        format!("{temperature}")
+    };
+    sha256_hex(format!("{model}|{temp}|{max_attempts}|{timeout}").as_bytes())
+}
+
+/// The seed's stable tree hash over (relative path, bytes) of regular files: directories in
+/// `TREE_EXCLUDED_DIRS` are skipped, paths sorted, each file hashed as `path \0 bytes \0`.
+pub fn tree_hash<'a>(files: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut kept: Vec<(&str, &[u8])> = files
+        .into_iter()
+        .filter(|(p, _)| {
+            !p.split('/')
+                .rev()
+                .skip(1)
+                .any(|dir| TREE_EXCLUDED_DIRS.contains(&dir))
+        })
+        .collect();
+    kept.sort_by(|a, b| a.0.cmp(b.0));
+    let mut h = Sha256::new();
+    for (path, bytes) in kept {
+        h.update(path.as_bytes());
+        h.update([0u8]);
+        h.update(bytes);
+        h.update([0u8]);
+    }
+    hex::encode(h.finalize())
+}
+
+/// Validates a factory run's input, fills option defaults and computes the deterministic run id:
+/// `sha256(work_order_hash + repo_tree_hash_before + config_hash)[:12]`.
+pub fn prepare(
+    input: &Value,
+    model: &str,
+    repo_tree_hash_before: &str,
+) -> Result<(Value, FactoryMeta), WorkOrderError> {
+    let obj = input
+        .as_object()
+        .ok_or_else(|| WorkOrderError::Malformed("the input must be an object".into()))?;
+    let wo_value = obj
+        .get("work_order")
+        .ok_or_else(|| field("work_order", "missing"))?;
+    WorkOrder::from_value(wo_value)?;
+    let options: FactoryOptions = match obj.get("options") {
+        None | Some(Value::Null) => FactoryOptions::default(),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| field("options", e.to_string()))?,
+    };
+    if options.max_attempts == 0 {
+        return Err(field("options.max_attempts", "must be at least 1"));
+    }
+    let work_order_hash = canonical_hash(wo_value);
+    let config_hash = config_hash(
+        model,
+        options.temperature,
+        options.max_attempts,
+        options.timeout_seconds,
+    );
+    let run_id = sha256_hex(
+        format!("{work_order_hash}{repo_tree_hash_before}{config_hash}").as_bytes(),
+    )[..12]
+        .to_string();
+    let mut normalized = input.clone();
+    normalized["options"] = json!(options);
+    if normalized.get("work_order_path").is_none() {
+        normalized["work_order_path"] = json!("");
+    }
+    Ok((
+        normalized,
+        FactoryMeta {
+            run_id,
+            work_order_hash,
+            config_hash,
+            repo_tree_hash_before: repo_tree_hash_before.to_string(),
+            model: model.to_string(),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order() -> Value {
+        json!({
+            "id": "wo-1", "title": "t", "intent": "i",
+            "allowed_files": ["calc.py", "tests/test_calc.py"],
+            "forbidden": [], "acceptance_commands": ["python -m pytest -q"],
+            "context_files": ["calc.py"]
+        })
+    }
+
+    #[test]
+    fn accepts_a_good_work_order() {
+        assert!(WorkOrder::from_value(&order()).is_ok());
+    }
+
+    #[test]
+    fn refuses_the_seeds_bad_cases() {
+        let cases = [
+            ("allowed_files", json!(["../x.py"])),
+            ("allowed_files", json!(["/abs.py"])),
+            ("allowed_files", json!(["C:/x.py"])),
+            ("acceptance_commands", json!([])),
+            ("context_files", json!(["other.py"])),
+        ];
+        for (key, value) in cases {
+            let mut wo = order();
+            wo[key] = value;
+            let err = WorkOrder::from_value(&wo).unwrap_err().to_string();
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let mut wo = order();
+        wo["context_files"] = json!((0..11).map(|i| format!("f{i}.py")).collect::<Vec<_>>());
+        wo["allowed_files"] = wo["context_files"].clone();
+        assert!(WorkOrder::from_value(&wo).unwrap_err().to_string().contains("at most 10"));
+        let mut wo = order();
+        wo.as_object_mut().unwrap().remove("intent");
+        assert!(matches!(WorkOrder::from_value(&wo), Err(WorkOrderError::Malformed(_))));
+    }
+
+    #[test]
+    fn run_id_is_deterministic_and_input_sensitive() {
+        let input = json!({"work_order": order()});
+        let (_, a) = prepare(&input, "m", "tree").unwrap();
+        let (_, b) = prepare(&input, "m", "tree").unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.run_id.len(), 12);
+        let (_, c) = prepare(&input, "m", "tree2").unwrap();
+        assert_ne!(a.run_id, c.run_id);
+        let (_, d) = prepare(&input, "m2", "tree").unwrap();
+        assert_ne!(a.run_id, d.run_id);
+    }
+
+    #[test]
+    fn config_hash_matches_pythons_formatting() {
+        // sha256(b"m|0.0|2|600") as Python computes it.
+        assert_eq!(
+            config_hash("m", 0.0, 2, 600),
+            sha256_hex(b"m|0.0|2|600")
+        );
+        assert_eq!(config_hash("m", 0.5, 2, 600), sha256_hex(b"m|0.5|2|600"));
+    }
+
+    #[test]
+    fn tree_hash_skips_excluded_dirs_and_sorts() {
+        let a = tree_hash([("b.py", &b"2"[..]), ("a.py", &b"1"[..])]);
+        let b = tree_hash([
+            ("a.py", &b"1"[..]),
+            ("__pycache__/a.pyc", &b"x"[..]),
+            ("b.py", &b"2"[..]),
+        ]);
+        assert_eq!(a, b);
+        let c = tree_hash([("a.py", &b"1"[..]), ("b.py", &b"3"[..])]);
+        assert_ne!(a, c);
+    }
+}

@@ -1,0 +1,416 @@
+//! The static checker: rejects a bad graph before anything runs, naming file, node and field.
+
+use super::{GraphBundle, Node, NodeKind};
+use crate::expr;
+use crate::ids::NodeId;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckError {
+    pub source: String,
+    pub node: Option<String>,
+    pub field: String,
+    pub message: String,
+}
+
+impl CheckError {
+    pub fn new(source: &str, node: Option<&str>, field: &str, message: impl Into<String>) -> Self {
+        Self {
+            source: source.to_string(),
+            node: node.filter(|n| !n.is_empty()).map(str::to_string),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.source)?;
+        if let Some(node) = &self.node {
+            write!(f, ": node `{node}`")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": field `{}`", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+/// Names the engine puts in the expression context beside the node names.
+pub const RESERVED: &[&str] = &["input", "visits", "last", "run", "params", "files", "loop"];
+
+/// Variables a worker adds when it renders an agent's prompt.
+const WORKER_VARS: &[&str] = &["params", "context_files", "tools", "output_schema"];
+
+pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
+    let g = &bundle.graph;
+    let src = bundle.source.as_str();
+    let mut errs = Vec::new();
+    let mut err = |node: Option<&NodeId>, field: &str, msg: String| {
+        errs.push(CheckError::new(src, node.map(|n| n.as_str()), field, msg));
+    };
+
+    if !g.nodes.contains_key(&g.start) {
+        err(None, "start", format!("unknown node `{}`", g.start));
+    }
+    if !g.nodes.values().any(|n| n.kind == NodeKind::Exit) {
+        err(None, "nodes", "the graph has no exit node".to_string());
+    }
+    if let Some(prepare) = &g.prepare {
+        if prepare != "factory" {
+            err(None, "prepare", format!("unknown prepare hook `{prepare}`"));
+        }
+    }
+    if let Some(path) = &g.input_schema {
+        if let Err(e) = schema_check(bundle, path) {
+            err(None, "input_schema", e);
+        }
+    }
+
+    for (id, node) in &g.nodes {
+        if RESERVED.contains(&id.as_str()) {
+            err(Some(id), "", format!("`{id}` is a reserved name"));
+        }
+        if !id
+            .as_str()
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            err(Some(id), "", "node names are letters, digits and `_`".into());
+        }
+        check_node(bundle, id, node, &mut err);
+    }
+
+    // Reachability from start.
+    let reachable = reachable_from(g, &g.start);
+    for id in g.nodes.keys() {
+        if !reachable.contains(id) {
+            err(Some(id), "", "unreachable from the start node".into());
+        }
+    }
+
+    // Every cycle needs a budget: some node on it with max_visits.
+    for scc in cycles(g) {
+        if !scc.iter().any(|n| g.nodes[n].max_visits.is_some()) {
+            let names: Vec<_> = scc.iter().map(|n| n.to_string()).collect();
+            err(
+                Some(&scc[0]),
+                "max_visits",
+                format!(
+                    "loop through [{}] has no visit budget: set max_visits on one of them",
+                    names.join(", ")
+                ),
+            );
+        }
+    }
+
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
+}
+
+fn check_node(
+    bundle: &GraphBundle,
+    id: &NodeId,
+    node: &Node,
+    err: &mut impl FnMut(Option<&NodeId>, &str, String),
+) {
+    let g = &bundle.graph;
+    let mut provided: BTreeSet<String> = RESERVED.iter().map(|s| s.to_string()).collect();
+    provided.extend(g.nodes.keys().map(|n| n.to_string()));
+    provided.extend(WORKER_VARS.iter().map(|s| s.to_string()));
+
+    for route in &node.routes {
+        if !g.nodes.contains_key(&route.to) {
+            err(Some(id), "routes", format!("route to unknown node `{}`", route.to));
+        }
+        if let Some(when) = &route.when {
+            if let Err(e) = expr::compile_check(when) {
+                err(Some(id), "routes.when", e.to_string());
+            }
+        }
+    }
+    for (name, value) in &node.with {
+        if let Err(e) = expr::compile_check(value) {
+            err(Some(id), &format!("with.{name}"), e.to_string());
+        }
+    }
+    if let Some(w) = &node.worktree {
+        if w.from != "base" {
+            match g.nodes.get(&NodeId::new(w.from.clone())) {
+                None => err(
+                    Some(id),
+                    "worktree.from",
+                    format!("`{}` is neither `base` nor a node", w.from),
+                ),
+                Some(src) if !src.worktree.as_ref().is_some_and(|w| w.commit) => err(
+                    Some(id),
+                    "worktree.from",
+                    format!("node `{}` does not commit its worktree", w.from),
+                ),
+                _ => {}
+            }
+        }
+        if w.commit && w.mode == super::WorktreeMode::Ro {
+            err(Some(id), "worktree.commit", "a read-only worktree cannot commit".into());
+        }
+    }
+    if let Some(a) = &node.artifacts {
+        if let Err(e) = expr::template_variables("artifacts", a) {
+            err(Some(id), "artifacts", e.to_string());
+        }
+    }
+
+    let terminal = node.kind == NodeKind::Exit;
+    if terminal && !node.routes.is_empty() {
+        err(Some(id), "routes", "an exit node has no routes".into());
+    }
+    if !terminal {
+        match node.routes.last() {
+            None => err(Some(id), "routes", "a node needs at least one route".into()),
+            Some(r) if r.when.is_some() => err(
+                Some(id),
+                "routes",
+                "the last route must have no `when`, so routing is total".into(),
+            ),
+            _ => {}
+        }
+    }
+
+    let forbid = |field: &str, present: bool, err: &mut dyn FnMut(&str, String)| {
+        if present {
+            err(field, format!("not allowed on a {:?} node", node.kind).to_lowercase());
+        }
+    };
+    let mut e2 = |field: &str, msg: String| err(Some(id), field, msg);
+    match node.kind {
+        NodeKind::Agent => {
+            match &node.template {
+                None => e2("template", "required for an agent node".into()),
+                Some(path) => match bundle.file(path) {
+                    None => e2("template", format!("`{path}` not in the bundle")),
+                    Some(text) => match expr::template_variables(path, text) {
+                        Err(e) => e2("template", e.to_string()),
+                        Ok(vars) => {
+                            let unknown: Vec<_> = vars
+                                .iter()
+                                .filter(|v| !provided.contains(*v) && !node.with.contains_key(*v))
+                                .cloned()
+                                .collect();
+                            if !unknown.is_empty() {
+                                e2(
+                                    "template",
+                                    format!(
+                                        "`{path}` uses variables nobody provides: {}",
+                                        unknown.join(", ")
+                                    ),
+                                );
+                            }
+                        }
+                    },
+                },
+            }
+            match &node.output_schema {
+                None => e2("output_schema", "required for an agent node".into()),
+                Some(path) => {
+                    if let Err(e) = schema_check(bundle, path) {
+                        e2("output_schema", e);
+                    }
+                }
+            }
+            if let Some(c) = &node.context_files {
+                if let Err(e) = expr::compile_check(c) {
+                    e2("context_files", e.to_string());
+                }
+            }
+            forbid("commands", !node.commands.is_empty(), &mut e2);
+            forbid("op", node.op.is_some(), &mut e2);
+        }
+        NodeKind::Command => {
+            if node.commands.is_empty() {
+                e2("commands", "a command node needs at least one command".into());
+            }
+            for c in &node.commands {
+                if let Err(e) = expr::template_variables("command", c) {
+                    e2("commands", e.to_string());
+                }
+            }
+            forbid("template", node.template.is_some(), &mut e2);
+        }
+        NodeKind::Harness => match node.op.as_deref() {
+            None => e2("op", "required for a harness node".into()),
+            Some(op) if !HARNESS_OPS.contains(&op) => e2(
+                "op",
+                format!("unknown harness op `{op}` (known: {})", HARNESS_OPS.join(", ")),
+            ),
+            _ => {}
+        },
+        NodeKind::Exit => {
+            if let Some(s) = &node.status {
+                if let Err(e) = expr::compile_check(s) {
+                    e2("status", e.to_string());
+                }
+            } else {
+                e2("status", "an exit node needs a `status` expression".into());
+            }
+            if let Some(r) = &node.result {
+                if !EXIT_ASSEMBLERS.contains(&r.as_str()) {
+                    e2("result", format!("unknown result assembler `{r}`"));
+                }
+            }
+            forbid("worktree", node.worktree.is_some(), &mut e2);
+        }
+    }
+}
+
+/// Harness steps a worker knows how to run.
+pub const HARNESS_OPS: &[&str] = &["apply_patch", "factory_verify", "noop"];
+/// Built-in result assemblers of exit nodes.
+pub const EXIT_ASSEMBLERS: &[&str] = &["factory_summary"];
+
+fn schema_check(bundle: &GraphBundle, path: &str) -> Result<(), String> {
+    let text = bundle
+        .file(path)
+        .ok_or_else(|| format!("`{path}` not in the bundle"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("`{path}` is not JSON: {e}"))?;
+    jsonschema::validator_for(&value)
+        .map(|_| ())
+        .map_err(|e| format!("`{path}` is not a valid JSON schema: {e}"))
+}
+
+fn successors(node: &Node) -> impl Iterator<Item = &NodeId> {
+    node.routes.iter().map(|r| &r.to)
+}
+
+fn reachable_from(g: &super::Graph, start: &NodeId) -> BTreeSet<NodeId> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![start.clone()];
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n.clone()) {
+            continue;
+        }
+        if let Some(node) = g.nodes.get(&n) {
+            stack.extend(successors(node).filter(|s| g.nodes.contains_key(*s)).cloned());
+        }
+    }
+    seen
+}
+
+/// Strongly connected components that form a loop (more than one node, or a self route).
+fn cycles(g: &super::Graph) -> Vec<Vec<NodeId>> {
+    let ids: Vec<&NodeId> = g.nodes.keys().collect();
+    let reach: BTreeMap<&NodeId, BTreeSet<NodeId>> = ids
+        .iter()
+        .map(|id| {
+            let direct: Vec<NodeId> = successors(&g.nodes[*id])
+                .filter(|s| g.nodes.contains_key(*s))
+                .cloned()
+                .collect();
+            let mut all = BTreeSet::new();
+            for d in direct {
+                all.extend(reachable_from(g, &d));
+            }
+            (*id, all)
+        })
+        .collect();
+    let mut assigned = BTreeSet::new();
+    let mut out = Vec::new();
+    for id in &ids {
+        if assigned.contains(*id) || !reach[id].contains(*id) {
+            continue;
+        }
+        let scc: Vec<NodeId> = ids
+            .iter()
+            .filter(|o| reach[id].contains(**o) && reach[**o].contains(*id))
+            .map(|o| (*o).clone())
+            .collect();
+        assigned.extend(scc.iter().cloned());
+        out.push(scc);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::graph::load_bundle;
+
+    fn load(yaml: &str) -> Result<(), Vec<String>> {
+        load_bundle("g.yaml", yaml, |p| match p {
+            "t.md" => Ok("do {{ input.x }}".into()),
+            "s.json" => Ok(r#"{"type":"object"}"#.into()),
+            "bad.md" => Ok("{{ nobody }}".into()),
+            _ => Err("no such file".into()),
+        })
+        .map(|_| ())
+        .map_err(|es| es.iter().map(|e| e.to_string()).collect())
+    }
+
+    const OK: &str = r#"
+name: g
+start: a
+nodes:
+  a:
+    kind: agent
+    template: t.md
+    output_schema: s.json
+    max_visits: 3
+    routes:
+      - to: done
+        when: a.ok
+      - to: a
+  done:
+    kind: exit
+    status: a.ok
+"#;
+
+    #[test]
+    fn accepts_a_good_graph() {
+        assert_eq!(load(OK), Ok(()));
+    }
+
+    #[test]
+    fn names_file_node_and_field_of_an_unknown_route() {
+        let errs = load(&OK.replace("- to: a\n", "- to: nowhere\n")).unwrap_err();
+        assert!(
+            errs.iter()
+                .any(|e| e == "g.yaml: node `a`: field `routes`: route to unknown node `nowhere`"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn refuses_a_loop_without_budget() {
+        let errs = load(&OK.replace("    max_visits: 3\n", "")).unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("has no visit budget")), "{errs:?}");
+    }
+
+    #[test]
+    fn refuses_unreachable_nodes_and_missing_files() {
+        let yaml = OK.replace("t.md", "missing.md").to_string()
+            + "  orphan:\n    kind: exit\n    status: 'true'\n";
+        let errs = load(&yaml).unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("cannot read `missing.md`")), "{errs:?}");
+        let errs = load(&(OK.to_string() + "  orphan:\n    kind: exit\n    status: 'true'\n"))
+            .unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("node `orphan`") && e.contains("unreachable")));
+    }
+
+    #[test]
+    fn refuses_template_variables_nobody_provides() {
+        let errs = load(&OK.replace("t.md", "bad.md")).unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("variables nobody provides: nobody")), "{errs:?}");
+    }
+
+    #[test]
+    fn refuses_unknown_fields_with_a_location() {
+        let errs = load(&OK.replace("max_visits", "max_visit")).unwrap_err();
+        assert!(errs[0].starts_with("g.yaml: malformed graph"), "{errs:?}");
+    }
+}

@@ -1,0 +1,14 @@
+//! The pure heart of the fleet: graph model and static checker, the engine
+//! (`apply(graph, state, event) -> (state, effects)`), wire messages, port traits, typed ids and
+//! the factory seed's harness rules. Nothing in this crate does I/O.
+
+pub mod engine;
+pub mod expr;
+pub mod factory;
+pub mod graph;
+pub mod hashing;
+pub mod ids;
+pub mod messages;
+pub mod paths;
+pub mod ports;
+pub mod text;

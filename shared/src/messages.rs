@@ -1,0 +1,204 @@
+//! Wire messages (versioned) and the records they point to. A queue message is a small envelope
+//! carrying a content-addressed reference to its payload in object storage.
+
+use crate::graph::{NodeKind, WorktreeMode};
+use crate::ids::{Attempt, JobId, NodeId, RunId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+pub const WIRE_VERSION: u32 = 1;
+
+/// On the jobs queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobEnvelope {
+    pub v: u32,
+    pub job_id: JobId,
+    pub run_id: RunId,
+    pub attempt: Attempt,
+    /// Object key of the `JobSpec` (`blobs/<sha256>`).
+    pub spec_ref: String,
+}
+
+/// On the results queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ResultEnvelope {
+    pub v: u32,
+    pub job_id: JobId,
+    pub run_id: RunId,
+    pub attempt: Attempt,
+    /// Object key of the `JobResult`.
+    pub result_ref: String,
+}
+
+/// A repository as the fleet sees it: packfiles in object storage that together hold every
+/// object a run needs, and where it came from.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RepoSnapshot {
+    pub url: String,
+    pub base_commit: String,
+    pub packs: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WorktreeSpec {
+    pub commit: String,
+    pub packs: Vec<String>,
+    pub mode: WorktreeMode,
+    pub commit_out: bool,
+}
+
+/// One step of a scripted agent: files it writes and the output it returns.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptStep {
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    #[serde(default)]
+    pub output: Value,
+    /// Seconds to wait before answering (for benchmarks of parallel branches).
+    #[serde(default)]
+    pub delay_seconds: f64,
+}
+
+/// How agent nodes of a run are served. Belongs to the run, not the graph.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AgentConfig {
+    /// Per node, the steps for visits 1, 2, ... (the last repeats).
+    Scripted {
+        script: BTreeMap<String, Vec<ScriptStep>>,
+    },
+    /// The built-in agent loop over the Anthropic Messages API.
+    Anthropic(LlmConfig),
+    /// The built-in agent loop over OpenAI-compatible chat completions.
+    Openai(LlmConfig),
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig::Scripted {
+            script: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    pub model: String,
+    /// Base URL of the API; the worker's configured default when absent.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub temperature: f64,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: u32,
+}
+
+fn default_max_tokens() -> u32 {
+    4096
+}
+fn default_max_turns() -> u32 {
+    20
+}
+
+impl AgentConfig {
+    /// The "model" that enters the run id: a scripted agent's model is its script.
+    pub fn model_identity(&self) -> String {
+        match self {
+            AgentConfig::Scripted { script } => {
+                format!("scripted:{}", &crate::hashing::canonical_hash(script)[..12])
+            }
+            AgentConfig::Anthropic(c) => format!("anthropic:{}", c.model),
+            AgentConfig::Openai(c) => format!("openai:{}", c.model),
+        }
+    }
+}
+
+/// Everything a worker needs to run one job. Stored in object storage, referenced by envelope.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobSpec {
+    pub v: u32,
+    pub job_id: JobId,
+    pub run_id: RunId,
+    pub node: NodeId,
+    pub visit: u32,
+    pub attempt: Attempt,
+    pub kind: NodeKind,
+    /// Object key of the graph bundle.
+    pub graph_ref: String,
+    pub image: Option<String>,
+    pub timeout_seconds: u64,
+    /// The node's `with` expressions, evaluated.
+    pub params: Value,
+    /// Worktree files whose contents the prompt receives.
+    pub context_files: Vec<String>,
+    /// Command nodes: rendered command lines (split with shell rules, never run by a shell).
+    pub commands: Vec<String>,
+    pub worktree: Option<WorktreeSpec>,
+    /// Object key prefix for this job's artifacts, ending in `/`.
+    pub artifact_prefix: String,
+    pub agent: AgentConfig,
+    /// The run context at the time the job started (input, visits, node outcomes).
+    pub vars: Value,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// The step ran and its checks passed.
+    Ok,
+    /// The step ran and its checks failed (a verdict, not an infrastructure error).
+    Failed,
+    /// The agent's output broke the node's schema.
+    OutputInvalid,
+    TimedOut,
+    /// The infrastructure failed (image missing, docker error...).
+    Error,
+    /// The job was dead-lettered after too many deliveries.
+    Dead,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Usage {
+    pub llm_calls: u32,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: f64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.llm_calls += other.llm_calls;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cost_usd += other.cost_usd;
+    }
+}
+
+/// What a worker reports for a job. Stored in object storage, referenced by envelope.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobResult {
+    pub v: u32,
+    pub job_id: JobId,
+    pub run_id: RunId,
+    pub attempt: Attempt,
+    pub status: JobStatus,
+    pub output: Value,
+    pub error: Option<String>,
+    /// The commit made of the worktree's changes, when the node commits.
+    pub commit: Option<String>,
+    /// Packfile holding the new commit's objects.
+    pub pack: Option<String>,
+    /// Artifact name → object key.
+    pub artifacts: BTreeMap<String, String>,
+    pub usage: Usage,
+    pub worker: String,
+    pub started_at: String,
+    pub finished_at: String,
+    /// Seconds spent inside the container (create to remove).
+    pub container_seconds: f64,
+}
