@@ -11,4 +11,5 @@ pub mod ids;
 pub mod messages;
 pub mod paths;
 pub mod ports;
+pub mod schema;
 pub mod text;

@@ -87,9 +87,6 @@ impl Default for AgentConfig {
 #[serde(deny_unknown_fields)]
 pub struct LlmConfig {
     pub model: String,
-    /// Base URL of the API; the worker's configured default when absent.
-    #[serde(default)]
-    pub base_url: Option<String>,
     #[serde(default)]
     pub temperature: f64,
     #[serde(default = "default_max_tokens")]

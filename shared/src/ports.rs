@@ -1,9 +1,9 @@
-//! The ports the coordinator and workers talk through. Each has one real adapter (RabbitMQ,
-//! Redis, S3 via object_store, Docker) and one embedded adapter for the single-process mode.
+//! The run store port: one real adapter (Redis) and one embedded adapter (memory). The queue,
+//! object store and sandbox ports live with their adapters in `worker` (they carry I/O types).
 
 use crate::engine::RunState;
 use crate::ids::RunId;
-use crate::messages::{JobEnvelope, ResultEnvelope};
+use crate::messages::JobEnvelope;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -53,12 +53,4 @@ pub trait RunStore: Send + Sync {
     async fn outbox_done(&self, owner: &str, raw: &str) -> Result<(), PortError>;
     /// Returns in-flight messages of owners that stopped heartbeating to the outbox.
     async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError>;
-}
-
-/// Publishing side of the queues.
-#[async_trait]
-pub trait Publisher: Send + Sync {
-    /// Publishes a job persistently and returns after the broker confirmed it.
-    async fn publish_job(&self, env: &JobEnvelope) -> Result<(), PortError>;
-    async fn publish_result(&self, env: &ResultEnvelope) -> Result<(), PortError>;
 }

@@ -1,0 +1,17 @@
+//! The worker: consumes jobs, materialises a worktree per job, runs the job in a throwaway
+//! container, stores outputs and logs in object storage, reports, then acks.
+//!
+//! The RabbitMQ and object-store adapters live here and are reused by the coordinator, which
+//! embeds a worker for the single-process mode.
+
+pub mod blobs;
+pub mod git;
+pub mod memory_queue;
+pub mod queue;
+pub mod rabbitmq;
+pub mod agent;
+pub mod sandbox;
+pub mod tools;
+pub mod harness;
+pub mod metrics;
+pub mod runner;

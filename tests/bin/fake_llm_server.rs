@@ -1,0 +1,74 @@
+//! Runs the fake LLM server until interrupted.
+//!
+//! usage: fake-llm --script PATH [--port N] [--delay-ms N]
+//!
+//! The script is a JSON array of scripted replies, for instance
+//! `[{"reply":{"type":"tool_use","name":"read_file","input":{"path":"a"}}},
+//!   {"reply":{"type":"text","text":"done"},"input_tokens":10,"output_tokens":5}]`.
+//! The first line on stdout is `listening on http://127.0.0.1:PORT`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use fleet_tests::fake_llm::{FakeLlm, ScriptedReply};
+
+const USAGE: &str = "usage: fake-llm --script PATH [--port N] [--delay-ms N]";
+
+#[derive(Debug)]
+struct Args {
+    script: PathBuf,
+    port: u16,
+    delay: Duration,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
+    let mut script = None;
+    let mut port = 0;
+    let mut delay = Duration::ZERO;
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--script" => script = Some(PathBuf::from(value()?)),
+            "--port" => port = value()?.parse().context("--port must be a port number")?,
+            "--delay-ms" => {
+                let millis = value()?.parse().context("--delay-ms must be an integer")?;
+                delay = Duration::from_millis(millis);
+            }
+            "-h" | "--help" => bail!("{USAGE}"),
+            other => bail!("unknown argument {other}\n{USAGE}"),
+        }
+    }
+    let script = script.with_context(|| format!("--script is required\n{USAGE}"))?;
+    Ok(Args {
+        script,
+        port,
+        delay,
+    })
+}
+
+fn read_script(path: &PathBuf) -> anyhow::Result<Vec<ScriptedReply>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading script {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing script {}", path.display()))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = parse_args(std::env::args().skip(1))?;
+    let script = read_script(&args.script)?;
+    let fake = FakeLlm::start_with(script, args.port, args.delay).await?;
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "listening on {}", fake.base_url)?;
+    stdout.flush()?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for ctrl-c")?;
+    eprintln!(
+        "fake-llm: {} requests received, {} scripted replies left",
+        fake.requests().len(),
+        fake.remaining()
+    );
+    Ok(())
+}

@@ -1,0 +1,878 @@
+//! A fake LLM HTTP server for integration tests and benchmarks.
+//!
+//! It speaks the real wire formats of the Anthropic Messages API
+//! (`POST /v1/messages`) and of OpenAI-compatible chat completions
+//! (`POST /v1/chat/completions`), validates requests the way those APIs do
+//! (auth headers, required fields, tool call / tool result pairing) and plays
+//! a scripted conversation: every accepted request consumes the next
+//! [`ScriptedReply`] from a single shared queue.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Largest request body accepted (the real Anthropic limit).
+const BODY_LIMIT: usize = 32 * 1024 * 1024;
+
+/// What the fake answers to one request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    /// One tool call (`stop_reason: tool_use` / `finish_reason: tool_calls`).
+    ToolUse { name: String, input: Value },
+    /// A plain assistant answer (`stop_reason: end_turn` / `finish_reason: stop`).
+    Text { text: String },
+    /// An HTTP error with the error body of the API that was called.
+    Error { status: u16 },
+}
+
+/// One entry of the script, with the token usage to report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScriptedReply {
+    pub reply: Reply,
+    #[serde(default = "default_input_tokens")]
+    pub input_tokens: u64,
+    #[serde(default = "default_output_tokens")]
+    pub output_tokens: u64,
+}
+
+fn default_input_tokens() -> u64 {
+    100
+}
+
+fn default_output_tokens() -> u64 {
+    50
+}
+
+impl ScriptedReply {
+    /// A reply with the default usage (100 input, 50 output tokens).
+    pub fn new(reply: Reply) -> Self {
+        Self {
+            reply,
+            input_tokens: default_input_tokens(),
+            output_tokens: default_output_tokens(),
+        }
+    }
+
+    pub fn tool_use(name: impl Into<String>, input: Value) -> Self {
+        Self::new(Reply::ToolUse {
+            name: name.into(),
+            input,
+        })
+    }
+
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::new(Reply::Text { text: text.into() })
+    }
+
+    pub fn error(status: u16) -> Self {
+        Self::new(Reply::Error { status })
+    }
+
+    pub fn with_usage(mut self, input_tokens: u64, output_tokens: u64) -> Self {
+        self.input_tokens = input_tokens;
+        self.output_tokens = output_tokens;
+        self
+    }
+}
+
+/// A request as the fake saw it, with the status it answered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedRequest {
+    pub path: String,
+    /// Header names are lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The parsed JSON body; `Null` when empty, a JSON string when not JSON.
+    pub body: Value,
+    pub status: u16,
+}
+
+impl RecordedRequest {
+    /// The first value of a header, by lowercase name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A running fake server; dropping it shuts the server down.
+pub struct FakeLlm {
+    /// Like `http://127.0.0.1:PORT`: no trailing slash, no `/v1`.
+    pub base_url: String,
+    shared: Arc<Shared>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl FakeLlm {
+    /// Starts on an ephemeral port of 127.0.0.1, without delay.
+    pub async fn start(script: Vec<ScriptedReply>) -> anyhow::Result<FakeLlm> {
+        Self::start_with(script, 0, Duration::ZERO).await
+    }
+
+    /// Starts on `port` of 127.0.0.1 (0 for ephemeral), waiting `delay`
+    /// before answering each request.
+    pub async fn start_with(
+        script: Vec<ScriptedReply>,
+        port: u16,
+        delay: Duration,
+    ) -> anyhow::Result<FakeLlm> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(script, delay));
+        let (tx, rx) = oneshot::channel::<()>();
+        let app = router(shared.clone());
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = rx.await;
+            };
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await;
+        });
+        Ok(FakeLlm {
+            base_url: format!("http://{addr}"),
+            shared,
+            shutdown: Some(tx),
+        })
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Scripted replies not yet played.
+    pub fn remaining(&self) -> usize {
+        lock(&self.shared.script).len()
+    }
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+struct Shared {
+    script: Mutex<VecDeque<ScriptedReply>>,
+    requests: Mutex<Vec<RecordedRequest>>,
+    next_id: AtomicU64,
+    delay: Duration,
+}
+
+impl Shared {
+    fn new(script: Vec<ScriptedReply>, delay: Duration) -> Self {
+        Self {
+            script: Mutex::new(script.into()),
+            requests: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+            delay,
+        }
+    }
+
+    fn pop(&self) -> Option<ScriptedReply> {
+        lock(&self.script).pop_front()
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn record(&self, request: &Incoming, status: StatusCode) {
+        lock(&self.requests).push(RecordedRequest {
+            path: request.path.clone(),
+            headers: header_pairs(&request.headers),
+            body: recorded_body(&request.body),
+            status: status.as_u16(),
+        });
+    }
+}
+
+/// Locks a mutex, ignoring poisoning (a panicking test must not hide the log).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/messages", any(anthropic))
+        .route("/v1/chat/completions", any(openai))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(shared)
+}
+
+async fn anthropic(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request = Incoming::new(method, &uri, headers, body);
+    handle(Api::Anthropic, &shared, request).await
+}
+
+async fn openai(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request = Incoming::new(method, &uri, headers, body);
+    handle(Api::OpenAi, &shared, request).await
+}
+
+async fn not_found(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request = Incoming::new(method, &uri, headers, body);
+    let message = format!("no route for {} {}", request.method, request.path);
+    let outcome = Api::Anthropic.error(StatusCode::NOT_FOUND, &message);
+    shared.record(&request, outcome.status);
+    pause(shared.delay).await;
+    outcome.into_response()
+}
+
+async fn handle(api: Api, shared: &Shared, request: Incoming) -> Response {
+    let outcome = respond(api, shared, &request);
+    shared.record(&request, outcome.status);
+    pause(shared.delay).await;
+    outcome.into_response()
+}
+
+async fn pause(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Validates the request, then plays the next scripted reply.
+fn respond(api: Api, shared: &Shared, request: &Incoming) -> Outcome {
+    if request.method != Method::POST {
+        let message = format!("method {} is not allowed, use POST", request.method);
+        return api.error(StatusCode::METHOD_NOT_ALLOWED, &message);
+    }
+    let model = match api.validate(&request.headers, &request.body) {
+        Ok(model) => model,
+        Err(rejection) => return api.error(rejection.status, &rejection.message),
+    };
+    let Some(scripted) = shared.pop() else {
+        let message = "fake llm script is exhausted: no scripted reply left";
+        return api.error(StatusCode::INTERNAL_SERVER_ERROR, message);
+    };
+    match Answer::of(&scripted.reply) {
+        Err(status) => api.scripted_error(status),
+        Ok(answer) => api.success(shared.next_id(), &model, answer, &scripted),
+    }
+}
+
+/// A successful scripted reply.
+#[derive(Clone, Copy)]
+enum Answer<'a> {
+    ToolUse { name: &'a str, input: &'a Value },
+    Text(&'a str),
+}
+
+impl<'a> Answer<'a> {
+    /// The answer to play, or the status of a scripted error.
+    fn of(reply: &'a Reply) -> Result<Self, u16> {
+        match reply {
+            Reply::ToolUse { name, input } => Ok(Answer::ToolUse { name, input }),
+            Reply::Text { text } => Ok(Answer::Text(text)),
+            Reply::Error { status } => Err(*status),
+        }
+    }
+}
+
+/// The parts of a request the fake looks at.
+struct Incoming {
+    method: Method,
+    path: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Incoming {
+    fn new(method: Method, uri: &Uri, headers: HeaderMap, body: Bytes) -> Self {
+        Self {
+            method,
+            path: uri.path().to_string(),
+            headers,
+            body,
+        }
+    }
+}
+
+fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_string(), value)
+        })
+        .collect()
+}
+
+fn recorded_body(body: &Bytes) -> Value {
+    if body.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_slice(body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()))
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|value| !value.is_empty())
+}
+
+/// An answer, before it becomes an HTTP response.
+struct Outcome {
+    status: StatusCode,
+    body: Value,
+    retry_after: bool,
+}
+
+impl IntoResponse for Outcome {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body)).into_response();
+        if self.retry_after {
+            response
+                .headers_mut()
+                .insert("retry-after", HeaderValue::from_static("0"));
+        }
+        response
+    }
+}
+
+/// Why a request was refused before touching the script.
+struct Rejection {
+    status: StatusCode,
+    message: String,
+}
+
+impl Rejection {
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    fn unauthorized(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    Anthropic,
+    OpenAi,
+}
+
+impl Api {
+    /// Checks headers and body; returns the requested model.
+    fn validate(self, headers: &HeaderMap, body: &Bytes) -> Result<String, Rejection> {
+        match self {
+            Api::Anthropic => anthropic::validate(headers, body),
+            Api::OpenAi => openai::validate(headers, body),
+        }
+    }
+
+    fn success(self, id: u64, model: &str, answer: Answer, usage: &ScriptedReply) -> Outcome {
+        let body = match self {
+            Api::Anthropic => anthropic::success_body(id, model, answer, usage),
+            Api::OpenAi => openai::success_body(id, model, answer, usage),
+        };
+        Outcome {
+            status: StatusCode::OK,
+            body,
+            retry_after: false,
+        }
+    }
+
+    fn scripted_error(self, status: u16) -> Outcome {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        self.error(status, scripted_error_message(status))
+    }
+
+    fn error(self, status: StatusCode, message: &str) -> Outcome {
+        let body = match self {
+            Api::Anthropic => anthropic::error_body(status, message),
+            Api::OpenAi => openai::error_body(status, message),
+        };
+        Outcome {
+            status,
+            body,
+            retry_after: status == StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+}
+
+fn scripted_error_message(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "rate limit exceeded (scripted by the fake llm)",
+        529 | 503 => "overloaded (scripted by the fake llm)",
+        500 => "internal server error (scripted by the fake llm)",
+        _ => "error scripted by the fake llm",
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs())
+        .unwrap_or(0)
+}
+
+/// The request body as a JSON object, or a 400.
+fn body_object(body: &Bytes) -> Result<Map<String, Value>, Rejection> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(Rejection::bad_request("request body must be a json object")),
+        Err(err) => Err(Rejection::bad_request(format!(
+            "request body is not valid json: {err}"
+        ))),
+    }
+}
+
+fn refuse_streaming(object: &Map<String, Value>) -> Result<(), Rejection> {
+    if object.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(Rejection::bad_request(
+            "stream: streaming is not supported by the fake llm",
+        ));
+    }
+    Ok(())
+}
+
+fn required_messages(object: &Map<String, Value>) -> Result<&Vec<Value>, Rejection> {
+    let messages = object
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| Rejection::bad_request("messages: field required"))?;
+    if messages.is_empty() {
+        return Err(Rejection::bad_request(
+            "messages: at least one message is required",
+        ));
+    }
+    Ok(messages)
+}
+
+fn role(message: &Value) -> Option<&str> {
+    message.get("role").and_then(Value::as_str)
+}
+
+mod anthropic {
+    use super::*;
+
+    pub(super) fn validate(headers: &HeaderMap, body: &Bytes) -> Result<String, Rejection> {
+        if header(headers, "x-api-key").is_none() {
+            return Err(Rejection::unauthorized("x-api-key header is required"));
+        }
+        if header(headers, "anthropic-version").is_none() {
+            return Err(Rejection::bad_request(
+                "anthropic-version: header is required",
+            ));
+        }
+        let object = body_object(body)?;
+        let model = object
+            .get("model")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Rejection::bad_request("model: field required"))?;
+        if object.get("max_tokens").and_then(Value::as_u64).is_none() {
+            return Err(Rejection::bad_request("max_tokens: field required"));
+        }
+        refuse_streaming(&object)?;
+        check_messages(required_messages(&object)?)?;
+        Ok(model.to_string())
+    }
+
+    fn check_messages(messages: &[Value]) -> Result<(), Rejection> {
+        for (index, message) in messages.iter().enumerate() {
+            check_shape(index, message)?;
+            let previous = index.checked_sub(1).and_then(|i| messages.get(i));
+            check_results_answer_previous(index, message, previous)?;
+            check_uses_answered(index, message, messages.get(index + 1))?;
+        }
+        Ok(())
+    }
+
+    fn check_shape(index: usize, message: &Value) -> Result<(), Rejection> {
+        match role(message) {
+            Some("user" | "assistant") => {}
+            Some(other) => {
+                return Err(Rejection::bad_request(format!(
+                    "messages.{index}.role: input should be 'user' or 'assistant', got '{other}'"
+                )))
+            }
+            None => {
+                return Err(Rejection::bad_request(format!(
+                    "messages.{index}.role: field required"
+                )))
+            }
+        }
+        match message.get("content") {
+            Some(Value::String(_) | Value::Array(_)) => Ok(()),
+            _ => Err(Rejection::bad_request(format!(
+                "messages.{index}.content: field required (a string or a list of blocks)"
+            ))),
+        }
+    }
+
+    /// Every `tool_result` must answer a `tool_use` of the previous message.
+    fn check_results_answer_previous(
+        index: usize,
+        message: &Value,
+        previous: Option<&Value>,
+    ) -> Result<(), Rejection> {
+        let results = block_ids(index, message, "tool_result", "tool_use_id")?;
+        if results.is_empty() {
+            return Ok(());
+        }
+        let uses = match previous {
+            Some(previous)
+                if role(previous) == Some("assistant") && role(message) == Some("user") =>
+            {
+                block_ids(index - 1, previous, "tool_use", "id")?
+            }
+            _ => Vec::new(),
+        };
+        let unexpected: Vec<&str> = results
+            .iter()
+            .filter(|id| !uses.contains(id))
+            .map(String::as_str)
+            .collect();
+        if unexpected.is_empty() {
+            return Ok(());
+        }
+        Err(Rejection::bad_request(format!(
+            "messages.{index}.content: unexpected `tool_use_id` found in `tool_result` blocks: {}. \
+             each `tool_result` block must have a corresponding `tool_use` block in the previous message",
+            unexpected.join(", ")
+        )))
+    }
+
+    /// Every `tool_use` must be answered by a `tool_result` in the next user message.
+    fn check_uses_answered(
+        index: usize,
+        message: &Value,
+        next: Option<&Value>,
+    ) -> Result<(), Rejection> {
+        let uses = block_ids(index, message, "tool_use", "id")?;
+        if uses.is_empty() {
+            return Ok(());
+        }
+        let results = match next {
+            Some(next) if role(next) == Some("user") => {
+                block_ids(index + 1, next, "tool_result", "tool_use_id")?
+            }
+            _ => Vec::new(),
+        };
+        let missing: Vec<&str> = uses
+            .iter()
+            .filter(|id| !results.contains(id))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(Rejection::bad_request(format!(
+            "messages.{index}: `tool_use` ids were found without `tool_result` blocks immediately after: {}. \
+             each `tool_use` block must have a corresponding `tool_result` block in the next message",
+            missing.join(", ")
+        )))
+    }
+
+    /// The `key` of every content block of type `kind` in a message.
+    fn block_ids(
+        index: usize,
+        message: &Value,
+        kind: &str,
+        key: &str,
+    ) -> Result<Vec<String>, Rejection> {
+        let Some(blocks) = message.get("content").and_then(Value::as_array) else {
+            return Ok(Vec::new());
+        };
+        let mut ids = Vec::new();
+        for (position, block) in blocks.iter().enumerate() {
+            if block.get("type").and_then(Value::as_str) != Some(kind) {
+                continue;
+            }
+            let id = block.get(key).and_then(Value::as_str).ok_or_else(|| {
+                Rejection::bad_request(format!(
+                    "messages.{index}.content.{position}.{kind}.{key}: field required"
+                ))
+            })?;
+            ids.push(id.to_string());
+        }
+        Ok(ids)
+    }
+
+    pub(super) fn success_body(
+        id: u64,
+        model: &str,
+        answer: Answer,
+        usage: &ScriptedReply,
+    ) -> Value {
+        let (content, stop_reason) = match answer {
+            Answer::ToolUse { name, input } => (
+                json!([{
+                    "type": "tool_use",
+                    "id": format!("toolu_{id}"),
+                    "name": name,
+                    "input": input,
+                }]),
+                "tool_use",
+            ),
+            Answer::Text(text) => (json!([{ "type": "text", "text": text }]), "end_turn"),
+        };
+        json!({
+            "id": format!("msg_{id}"),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": null,
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+            },
+        })
+    }
+
+    pub(super) fn error_body(status: StatusCode, message: &str) -> Value {
+        json!({
+            "type": "error",
+            "error": { "type": error_type(status), "message": message },
+        })
+    }
+
+    fn error_type(status: StatusCode) -> &'static str {
+        match status.as_u16() {
+            400 | 405 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+}
+
+mod openai {
+    use super::*;
+
+    const ROLES: [&str; 6] = [
+        "system",
+        "developer",
+        "user",
+        "assistant",
+        "tool",
+        "function",
+    ];
+
+    pub(super) fn validate(headers: &HeaderMap, body: &Bytes) -> Result<String, Rejection> {
+        let bearer = header(headers, "authorization")
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|key| !key.is_empty());
+        if bearer.is_none() {
+            return Err(Rejection::unauthorized(
+                "you didn't provide an api key. you need to provide your api key in an \
+                 authorization header using bearer auth (i.e. authorization: bearer your_key)",
+            ));
+        }
+        let object = body_object(body)?;
+        let model = object
+            .get("model")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Rejection::bad_request("you must provide a model parameter"))?;
+        refuse_streaming(&object)?;
+        let messages = required_messages(&object)
+            .map_err(|_| Rejection::bad_request("missing required parameter: 'messages'"))?;
+        check_messages(messages)?;
+        Ok(model.to_string())
+    }
+
+    /// Tool call ids of the last assistant message, and those not yet answered.
+    #[derive(Default)]
+    struct OpenCalls {
+        asked: Vec<String>,
+        pending: Vec<String>,
+    }
+
+    fn check_messages(messages: &[Value]) -> Result<(), Rejection> {
+        let mut calls = OpenCalls::default();
+        for (index, message) in messages.iter().enumerate() {
+            let role = checked_role(index, message)?;
+            if role == "tool" {
+                answer_call(index, message, &mut calls)?;
+                continue;
+            }
+            require_all_answered(&calls)?;
+            calls = OpenCalls::default();
+            if role == "assistant" {
+                let asked = tool_call_ids(index, message)?;
+                calls.pending = asked.clone();
+                calls.asked = asked;
+            }
+        }
+        require_all_answered(&calls)
+    }
+
+    fn checked_role(index: usize, message: &Value) -> Result<&str, Rejection> {
+        match role(message) {
+            Some(role) if ROLES.contains(&role) => Ok(role),
+            Some(other) => Err(Rejection::bad_request(format!(
+                "invalid value: '{other}'. supported values are: {}. (messages[{index}].role)",
+                ROLES.join(", ")
+            ))),
+            None => Err(Rejection::bad_request(format!(
+                "missing required parameter: 'messages[{index}].role'"
+            ))),
+        }
+    }
+
+    fn answer_call(index: usize, message: &Value, calls: &mut OpenCalls) -> Result<(), Rejection> {
+        let id = message
+            .get("tool_call_id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                Rejection::bad_request(format!(
+                    "missing required parameter: 'messages[{index}].tool_call_id'"
+                ))
+            })?;
+        if !calls.asked.iter().any(|asked| asked == id) {
+            return Err(Rejection::bad_request(format!(
+                "invalid parameter: messages with role 'tool' must be a response to a preceding \
+                 message with 'tool_calls' (messages[{index}].tool_call_id '{id}' matches none)"
+            )));
+        }
+        calls.pending.retain(|pending| pending != id);
+        Ok(())
+    }
+
+    fn require_all_answered(calls: &OpenCalls) -> Result<(), Rejection> {
+        if calls.pending.is_empty() {
+            return Ok(());
+        }
+        Err(Rejection::bad_request(format!(
+            "an assistant message with 'tool_calls' must be followed by tool messages responding \
+             to each 'tool_call_id'. the following tool_call_ids did not have response messages: {}",
+            calls.pending.join(", ")
+        )))
+    }
+
+    fn tool_call_ids(index: usize, message: &Value) -> Result<Vec<String>, Rejection> {
+        let Some(tool_calls) = message.get("tool_calls").and_then(Value::as_array) else {
+            return Ok(Vec::new());
+        };
+        let mut ids = Vec::new();
+        for (position, call) in tool_calls.iter().enumerate() {
+            let id = call.get("id").and_then(Value::as_str).ok_or_else(|| {
+                Rejection::bad_request(format!(
+                    "missing required parameter: 'messages[{index}].tool_calls[{position}].id'"
+                ))
+            })?;
+            ids.push(id.to_string());
+        }
+        Ok(ids)
+    }
+
+    pub(super) fn success_body(
+        id: u64,
+        model: &str,
+        answer: Answer,
+        usage: &ScriptedReply,
+    ) -> Value {
+        let (message, finish_reason) = match answer {
+            Answer::ToolUse { name, input } => (
+                json!({
+                    "role": "assistant",
+                    "content": null,
+                    "refusal": null,
+                    "tool_calls": [{
+                        "id": format!("call_{id}"),
+                        "type": "function",
+                        "function": { "name": name, "arguments": input.to_string() },
+                    }],
+                }),
+                "tool_calls",
+            ),
+            Answer::Text(text) => (
+                json!({ "role": "assistant", "content": text, "refusal": null }),
+                "stop",
+            ),
+        };
+        json!({
+            "id": format!("chatcmpl-{id}"),
+            "object": "chat.completion",
+            "created": unix_now(),
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }],
+            "usage": {
+                "prompt_tokens": usage.input_tokens,
+                "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            },
+        })
+    }
+
+    pub(super) fn error_body(status: StatusCode, message: &str) -> Value {
+        json!({
+            "error": {
+                "message": message,
+                "type": error_type(status),
+                "param": null,
+                "code": null,
+            },
+        })
+    }
+
+    fn error_type(status: StatusCode) -> &'static str {
+        match status.as_u16() {
+            401 => "authentication_error",
+            429 => "rate_limit_exceeded",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+}

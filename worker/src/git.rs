@@ -1,0 +1,257 @@
+//! Git adapter (git2). Git objects travel between machines as packfiles in object storage; each
+//! worker keeps a bare mirror as a cache and materialises a fresh worktree per job whose git
+//! directory lives *outside* the folder mounted into the container, so nothing of the object
+//! database (and nothing of a sibling branch) is reachable from inside.
+
+use crate::blobs::{BlobError, Blobs};
+use git2::{
+    build::CheckoutBuilder, IndexAddOption, ObjectType, Oid, Repository, Signature, Status,
+    StatusOptions, Time, TreeWalkMode, TreeWalkResult,
+};
+use shared::hashing::sha256_hex;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+use tokio::sync::Mutex;
+
+#[derive(Debug, Error)]
+pub enum GitError {
+    #[error("git: {0}")]
+    Git(#[from] git2::Error),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error("working tree of `{0}` is not clean: commit or stash first ({1})")]
+    Dirty(String, String),
+    #[error("the patch does not apply: {0}")]
+    Apply(String),
+}
+
+/// The per-worker cache: one bare mirror holding every pack the worker has seen.
+pub struct GitCache {
+    mirror: PathBuf,
+    lock: Mutex<()>,
+}
+
+impl GitCache {
+    pub fn open(root: &Path) -> Result<Self, GitError> {
+        let mirror = root.join("mirror.git");
+        if !mirror.join("objects").exists() {
+            std::fs::create_dir_all(&mirror)?;
+            Repository::init_bare(&mirror)?;
+        }
+        std::fs::create_dir_all(root.join("packs-indexed"))?;
+        Ok(Self {
+            mirror,
+            lock: Mutex::new(()),
+        })
+    }
+
+    fn marker(&self, key: &str) -> PathBuf {
+        self.mirror
+            .parent()
+            .expect("mirror has a parent")
+            .join("packs-indexed")
+            .join(sha256_hex(key.as_bytes()))
+    }
+
+    /// Downloads and indexes every pack not yet in the mirror.
+    pub async fn ensure_packs(&self, blobs: &Blobs, packs: &[String]) -> Result<(), GitError> {
+        let _guard = self.lock.lock().await;
+        for key in packs {
+            let marker = self.marker(key);
+            if marker.exists() {
+                continue;
+            }
+            let bytes = blobs.get(key).await?;
+            let mirror = self.mirror.clone();
+            tokio::task::spawn_blocking(move || index_pack(&mirror, &bytes))
+                .await
+                .map_err(|e| GitError::Io(std::io::Error::other(e)))??;
+            std::fs::write(&marker, key.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// A fresh worktree of `commit` at `dest/wt`, git directory at `dest/git`.
+    pub fn materialize(&self, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
+        let git_dir = dest.join("git");
+        let dir = dest.join("wt");
+        std::fs::create_dir_all(&dir)?;
+        Repository::init_bare(&git_dir)?;
+        let alternates = git_dir.join("objects/info/alternates");
+        std::fs::create_dir_all(alternates.parent().expect("has parent"))?;
+        std::fs::write(
+            &alternates,
+            format!("{}\n", self.mirror.join("objects").display()),
+        )?;
+        let repo = Repository::open_bare(&git_dir)?;
+        repo.set_workdir(&dir, false)?;
+        let oid = Oid::from_str(commit)?;
+        let object = repo.find_commit(oid)?.into_object();
+        repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))?;
+        repo.set_head_detached(oid)?;
+        Ok(Worktree {
+            dir,
+            git_dir,
+            base: oid,
+        })
+    }
+}
+
+fn index_pack(mirror: &Path, bytes: &[u8]) -> Result<(), GitError> {
+    let repo = Repository::open_bare(mirror)?;
+    let odb = repo.odb()?;
+    let mut writer = odb.packwriter()?;
+    writer.write_all(bytes)?;
+    writer.commit()?;
+    Ok(())
+}
+
+/// A job's worktree. `dir` is what the container sees.
+pub struct Worktree {
+    pub dir: PathBuf,
+    git_dir: PathBuf,
+    base: Oid,
+}
+
+impl Worktree {
+    fn repo(&self) -> Result<Repository, GitError> {
+        let repo = Repository::open_bare(&self.git_dir)?;
+        repo.set_workdir(&self.dir, false)?;
+        Ok(repo)
+    }
+
+    pub fn base(&self) -> String {
+        self.base.to_string()
+    }
+
+    /// Applies a unified diff to the working directory (`git apply` semantics, no unsafe paths).
+    pub fn apply_patch(&self, diff: &str) -> Result<(), GitError> {
+        let repo = self.repo()?;
+        let parsed =
+            git2::Diff::from_buffer(diff.as_bytes()).map_err(|e| GitError::Apply(e.message().to_string()))?;
+        repo.apply(&parsed, git2::ApplyLocation::WorkDir, None)
+            .map_err(|e| GitError::Apply(e.message().to_string()))
+    }
+
+    /// Commits every change of the working directory on top of the base. Deterministic: a fixed
+    /// author and time, so the same change gives the same commit id. `None` when nothing changed.
+    pub fn commit_all(&self, message: &str) -> Result<Option<String>, GitError> {
+        let repo = self.repo()?;
+        let mut index = repo.index()?;
+        index.add_all(["*"], IndexAddOption::DEFAULT, None)?;
+        index.update_all(["*"], None)?;
+        index.write()?;
+        let tree_id = index.write_tree()?;
+        let parent = repo.find_commit(self.base)?;
+        if parent.tree_id() == tree_id {
+            return Ok(None);
+        }
+        let tree = repo.find_tree(tree_id)?;
+        let sig = Signature::new("fleet", "fleet@localhost", &Time::new(0, 0))?;
+        let oid = repo.commit(None, &sig, &sig, message, &tree, &[&parent])?;
+        Ok(Some(oid.to_string()))
+    }
+
+    /// A packfile of the objects `commit` adds over the base.
+    pub fn pack_since_base(&self, commit: &str) -> Result<Vec<u8>, GitError> {
+        let repo = self.repo()?;
+        let mut walk = repo.revwalk()?;
+        walk.push(Oid::from_str(commit)?)?;
+        walk.hide(self.base)?;
+        let mut pb = repo.packbuilder()?;
+        pb.insert_walk(&mut walk)?;
+        let mut buf = git2::Buf::new();
+        pb.write_buf(&mut buf)?;
+        Ok(buf.to_vec())
+    }
+}
+
+/// A repository snapshot for submission: the commit of `refname` and a pack of its history.
+pub struct RepoPack {
+    pub commit: String,
+    pub pack: Vec<u8>,
+    /// (path, bytes) of every regular file in the commit, for the seed's tree hash.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// Opens a local repository, refuses a dirty working tree (the seed's clean-tree preflight),
+/// resolves `refname` and packs everything reachable from it.
+pub fn pack_repository(path: &Path, refname: &str) -> Result<RepoPack, GitError> {
+    let repo = Repository::open(path)?;
+    if !repo.is_bare() {
+        let mut opts = StatusOptions::new();
+        opts.include_untracked(true).include_ignored(false);
+        let statuses = repo.statuses(Some(&mut opts))?;
+        let dirty: Vec<String> = statuses
+            .iter()
+            .filter(|s| s.status() != Status::CURRENT)
+            .filter_map(|s| s.path().map(str::to_string))
+            .take(5)
+            .collect();
+        if !dirty.is_empty() {
+            return Err(GitError::Dirty(path.display().to_string(), dirty.join(", ")));
+        }
+    }
+    let commit = repo.revparse_single(refname)?.peel_to_commit()?;
+    let mut walk = repo.revwalk()?;
+    walk.push(commit.id())?;
+    let mut pb = repo.packbuilder()?;
+    pb.insert_walk(&mut walk)?;
+    let mut buf = git2::Buf::new();
+    pb.write_buf(&mut buf)?;
+
+    let mut files = Vec::new();
+    let tree = commit.tree()?;
+    let mut failure = None;
+    tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+        let regular = matches!(entry.filemode(), 0o100644 | 0o100755);
+        if entry.kind() == Some(ObjectType::Blob) && regular {
+            match repo.find_blob(entry.id()) {
+                Ok(blob) => files.push((
+                    format!("{dir}{}", entry.name().unwrap_or_default()),
+                    blob.content().to_vec(),
+                )),
+                Err(e) => {
+                    failure = Some(e);
+                    return TreeWalkResult::Abort;
+                }
+            }
+        }
+        TreeWalkResult::Ok
+    })?;
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    Ok(RepoPack {
+        commit: commit.id().to_string(),
+        pack: buf.to_vec(),
+        files,
+    })
+}
+
+/// (path, bytes) of the regular files under `root`, skipping symlinks, for the tree hash.
+pub fn files_on_disk(root: &Path) -> Result<Vec<(String, Vec<u8>)>, GitError> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let ft = entry.file_type()?;
+            let path = entry.path();
+            if ft.is_dir() {
+                stack.push(path);
+            } else if ft.is_file() {
+                let rel = path
+                    .strip_prefix(root)
+                    .expect("walked under root")
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                out.push((rel, std::fs::read(&path)?));
+            }
+        }
+    }
+    Ok(out)
+}

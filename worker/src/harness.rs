@@ -1,0 +1,274 @@
+//! Steps the harness itself runs (never the LLM): the factory's patch application with scope
+//! enforcement, its global verification and acceptance commands, and generic command nodes.
+//! Every command is an argv run in the job's container, never through a shell.
+
+use crate::blobs::Blobs;
+use crate::git::{files_on_disk, Worktree};
+use crate::sandbox::{ExecOutput, Session};
+use serde_json::{json, Value};
+use shared::factory::{self, CmdResult, FailureBrief, Stage};
+use shared::messages::JobStatus;
+use shared::paths::normalize_relative;
+use shared::text;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// What a harness step produced.
+pub struct StepOutcome {
+    pub status: JobStatus,
+    pub output: Value,
+    pub error: Option<String>,
+}
+
+/// Artifacts of one job: written under its prefix, recorded by name.
+pub struct Artifacts<'a> {
+    pub blobs: &'a Blobs,
+    pub prefix: &'a str,
+    pub written: BTreeMap<String, String>,
+}
+
+impl Artifacts<'_> {
+    pub async fn put(&mut self, name: &str, bytes: Vec<u8>) -> Result<String, crate::blobs::BlobError> {
+        let key = format!("{}{name}", self.prefix);
+        self.blobs.put(&key, bytes).await?;
+        self.written.insert(name.to_string(), key.clone());
+        Ok(key)
+    }
+
+    pub async fn put_json(&mut self, name: &str, value: &Value) -> Result<String, crate::blobs::BlobError> {
+        let bytes = serde_json::to_vec_pretty(value).expect("json value serializes");
+        self.put(name, bytes).await
+    }
+}
+
+type StepResult = Result<StepOutcome, crate::blobs::BlobError>;
+
+fn param<'v>(params: &'v Value, key: &str) -> &'v Value {
+    params.get(key).unwrap_or(&Value::Null)
+}
+
+fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
+    let mut output = output;
+    output["failure_brief"] = json!(brief);
+    StepOutcome {
+        status: JobStatus::Failed,
+        output,
+        error: Some(format!(
+            "{}: {}",
+            serde_json::to_value(brief.stage).unwrap_or_default().as_str().unwrap_or(""),
+            text::head(&brief.primary_error_excerpt, 300)
+        )),
+    }
+}
+
+/// TR: touched files from the diff headers must be ⊆ allowed_files; then `git apply`.
+pub async fn apply_patch(params: &Value, wt: &Worktree, art: &mut Artifacts<'_>) -> StepResult {
+    let diff = param(params, "unified_diff").as_str().unwrap_or_default().to_string();
+    let attempt = param(params, "attempt_index").clone();
+    let patch_path = art.put("proposed_patch.diff", diff.clone().into_bytes()).await?;
+    let allowed: Vec<String> = param(params, "allowed_files")
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).filter_map(|p| normalize_relative(p).ok()).collect())
+        .unwrap_or_default();
+    let mut output = json!({
+        "attempt_index": attempt, "patch_path": patch_path,
+        "touched_files": [], "apply_ok": false,
+    });
+    let touched = match factory::touched_files(&diff) {
+        Ok(t) => t,
+        Err(e) => {
+            let brief = FailureBrief::new(Stage::PatchScopeViolation, None, None, &e.to_string());
+            return finish_apply(output, Some(brief), "", art).await;
+        }
+    };
+    output["touched_files"] = json!(touched);
+    let outside: Vec<&String> = touched.iter().filter(|t| !allowed.contains(t)).collect();
+    if !outside.is_empty() {
+        let msg = format!(
+            "the patch touches files outside allowed_files: {}",
+            outside.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        );
+        let brief = FailureBrief::new(Stage::PatchScopeViolation, None, None, &msg);
+        return finish_apply(output, Some(brief), "", art).await;
+    }
+    match wt.apply_patch(&diff) {
+        Ok(()) => {
+            output["apply_ok"] = json!(true);
+            finish_apply(output, None, "", art).await
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            let brief = FailureBrief::new(
+                Stage::PatchApplyFailed,
+                Some("git apply --whitespace=nowarn".into()),
+                Some(1),
+                &msg,
+            );
+            finish_apply(output, Some(brief), &msg, art).await
+        }
+    }
+}
+
+async fn finish_apply(
+    output: Value,
+    brief: Option<FailureBrief>,
+    stderr: &str,
+    art: &mut Artifacts<'_>,
+) -> StepResult {
+    let apply_result = json!({
+        "apply_ok": output["apply_ok"],
+        "touched_files": output["touched_files"],
+        "stderr_excerpt": text::tail(stderr, 40, 2000),
+    });
+    art.put_json("apply_result.json", &apply_result).await?;
+    match brief {
+        None => Ok(StepOutcome { status: JobStatus::Ok, output, error: None }),
+        Some(b) => {
+            art.put_json("failure_brief.json", &json!(b)).await?;
+            Ok(failed(output, &b))
+        }
+    }
+}
+
+/// Runs one argv in the container and stores its full logs as artifacts.
+async fn run_logged(
+    session: &dyn Session,
+    argv: &[String],
+    timeout: Duration,
+    label: &str,
+    art: &mut Artifacts<'_>,
+) -> Result<CmdResult, crate::blobs::BlobError> {
+    let out = match session.exec(argv, None, timeout).await {
+        Ok(o) => o,
+        Err(e) => ExecOutput {
+            exit_code: 127,
+            stderr: e.to_string().into_bytes(),
+            ..Default::default()
+        },
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.timed_out {
+        stderr.push_str(&format!("\n[timed out after {}s]", timeout.as_secs()));
+    }
+    let stdout_path = art.put(&format!("logs/{label}.stdout"), stdout.clone().into_bytes()).await?;
+    let stderr_path = art.put(&format!("logs/{label}.stderr"), stderr.clone().into_bytes()).await?;
+    Ok(CmdResult {
+        command: argv.to_vec(),
+        exit_code: out.exit_code,
+        stdout_trunc: text::tail(&stdout, 200, 8000),
+        stderr_trunc: text::tail(&stderr, 200, 8000),
+        stdout_path,
+        stderr_path,
+        duration_seconds: out.duration.as_secs_f64(),
+    })
+}
+
+fn excerpt(r: &CmdResult) -> String {
+    let both = format!("{}\n{}", r.stdout_trunc, r.stderr_trunc);
+    text::tail(both.trim(), 40, 2000)
+}
+
+/// PO: global verification (`scripts/verify.sh` or the seed's fallback), then the acceptance
+/// commands in order; the first non-zero exit fails the attempt.
+pub async fn factory_verify(
+    params: &Value,
+    wt: &Worktree,
+    session: &dyn Session,
+    art: &mut Artifacts<'_>,
+) -> StepResult {
+    let timeout = Duration::from_secs(param(params, "command_timeout_seconds").as_u64().unwrap_or(600));
+    let has_script = wt.dir.join("scripts/verify.sh").is_file();
+    let mut output = json!({
+        "attempt_index": param(params, "attempt_index"),
+        "verify": [], "acceptance": [],
+    });
+    let mut verify = Vec::new();
+    let mut brief = None;
+    for (i, argv) in factory::verify_commands(has_script).iter().enumerate() {
+        let r = run_logged(session, argv, timeout, &format!("verify_{i}"), art).await?;
+        let failed_now = r.exit_code != 0;
+        if failed_now {
+            brief = Some(FailureBrief::new(Stage::VerifyFailed, Some(argv.join(" ")), Some(r.exit_code), &excerpt(&r)));
+        }
+        verify.push(r);
+        if failed_now {
+            break;
+        }
+    }
+    output["verify"] = json!(verify);
+    art.put_json("verify_result.json", &output["verify"]).await?;
+    let mut acceptance = Vec::new();
+    if brief.is_none() {
+        let commands: Vec<String> = param(params, "acceptance_commands")
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default();
+        for (i, command) in commands.iter().enumerate() {
+            let argv = match factory::split_command(command) {
+                Ok(a) => a,
+                Err(e) => {
+                    brief = Some(FailureBrief::new(Stage::AcceptanceFailed, Some(command.clone()), None, &e));
+                    break;
+                }
+            };
+            let r = run_logged(session, &argv, timeout, &format!("acceptance_{i}"), art).await?;
+            let failed_now = r.exit_code != 0;
+            if failed_now {
+                brief = Some(FailureBrief::new(Stage::AcceptanceFailed, Some(command.clone()), Some(r.exit_code), &excerpt(&r)));
+            }
+            acceptance.push(r);
+            if failed_now {
+                break;
+            }
+        }
+    }
+    output["acceptance"] = json!(acceptance);
+    art.put_json("acceptance_result.json", &output["acceptance"]).await?;
+    match brief {
+        Some(b) => {
+            art.put_json("failure_brief.json", &json!(b)).await?;
+            Ok(failed(output, &b))
+        }
+        None => {
+            let files = files_on_disk(&wt.dir).unwrap_or_default();
+            output["tree_hash_after"] = json!(factory::tree_hash(
+                files.iter().map(|(p, b)| (p.as_str(), b.as_slice()))
+            ));
+            Ok(StepOutcome { status: JobStatus::Ok, output, error: None })
+        }
+    }
+}
+
+/// A command node: each rendered command split with shell rules and run; ok when all exit 0.
+pub async fn commands(
+    commands: &[String],
+    timeout: Duration,
+    session: &dyn Session,
+    art: &mut Artifacts<'_>,
+) -> StepResult {
+    let mut results = Vec::new();
+    for (i, command) in commands.iter().enumerate() {
+        let argv = match factory::split_command(command) {
+            Ok(a) => a,
+            Err(e) => {
+                return Ok(StepOutcome {
+                    status: JobStatus::Failed,
+                    output: json!({"results": results}),
+                    error: Some(e),
+                })
+            }
+        };
+        let r = run_logged(session, &argv, timeout, &format!("command_{i}"), art).await?;
+        let ok = r.exit_code == 0;
+        results.push(r);
+        if !ok {
+            return Ok(StepOutcome {
+                status: JobStatus::Failed,
+                output: json!({"results": results}),
+                error: Some(format!("`{command}` failed")),
+            });
+        }
+    }
+    Ok(StepOutcome { status: JobStatus::Ok, output: json!({"results": results}), error: None })
+}

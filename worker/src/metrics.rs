@@ -1,0 +1,77 @@
+//! Prometheus metrics of a worker. Labels stay bounded: kinds and statuses, never ids.
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use shared::graph::NodeKind;
+use shared::messages::{JobStatus, Usage};
+use std::time::Duration;
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    jobs: IntCounterVec,
+    job_seconds: HistogramVec,
+    llm_tokens: IntCounterVec,
+    llm_calls: IntCounterVec,
+    pub deliveries: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let jobs = IntCounterVec::new(
+            Opts::new("fleet_worker_jobs_total", "jobs finished by kind and status"),
+            &["kind", "status"],
+        )
+        .expect("valid metric");
+        let job_seconds = HistogramVec::new(
+            HistogramOpts::new("fleet_worker_job_seconds", "wall time of a job")
+                .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0]),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let llm_tokens = IntCounterVec::new(
+            Opts::new("fleet_worker_llm_tokens_total", "llm tokens by direction"),
+            &["direction"],
+        )
+        .expect("valid metric");
+        let llm_calls = IntCounterVec::new(
+            Opts::new("fleet_worker_llm_calls_total", "successful llm calls"),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let deliveries = IntCounterVec::new(
+            Opts::new("fleet_worker_deliveries_total", "job deliveries by how they were settled"),
+            &["settled"],
+        )
+        .expect("valid metric");
+        for c in [&jobs, &llm_tokens, &llm_calls, &deliveries] {
+            registry.register(Box::new(c.clone())).expect("unique metric");
+        }
+        registry.register(Box::new(job_seconds.clone())).expect("unique metric");
+        Self { registry, jobs, job_seconds, llm_tokens, llm_calls, deliveries }
+    }
+
+    pub fn observe_job(&self, kind: NodeKind, status: JobStatus, took: Duration, usage: &Usage) {
+        let kind = format!("{kind:?}").to_lowercase();
+        let status = format!("{status:?}").to_lowercase();
+        self.jobs.with_label_values(&[&kind, &status]).inc();
+        self.job_seconds.with_label_values(&[&kind]).observe(took.as_secs_f64());
+        self.llm_tokens.with_label_values(&["input"]).inc_by(usage.input_tokens);
+        self.llm_tokens.with_label_values(&["output"]).inc_by(usage.output_tokens);
+        self.llm_calls.with_label_values(&[&kind]).inc_by(usage.llm_calls as u64);
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,400 @@
+//! Runs one job: worktree in, container up, the node's step, commit and pack out, container
+//! gone, job folder gone. Infrastructure failures that may pass are `Transient` (the job is
+//! requeued); everything else becomes a `JobResult` (the engine decides what it means).
+
+use crate::agent::{self, AgentJob, LlmSettings};
+use crate::blobs::{BlobError, Blobs};
+use crate::git::{GitCache, GitError, Worktree};
+use crate::harness::{self, Artifacts, StepOutcome};
+use crate::metrics::Metrics;
+use crate::sandbox::{Limits, Sandbox, SandboxError, SandboxSpec, Session};
+use crate::tools::ToolBox;
+use serde_json::{json, Value};
+use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
+use shared::graph::{GraphBundle, NodeKind, WorktreeMode};
+use shared::messages::{JobResult, JobSpec, JobStatus, Usage, WIRE_VERSION};
+use shared::paths::normalize_relative;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tracing::{info, warn};
+
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// May pass on another try (store or docker unreachable): requeue.
+    #[error("transient: {0}")]
+    Transient(String),
+}
+
+impl From<BlobError> for RunError {
+    fn from(e: BlobError) -> Self {
+        RunError::Transient(e.to_string())
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub id: String,
+    pub work_dir: PathBuf,
+    pub concurrency: usize,
+    /// `uid:gid` the containers run as (never root).
+    pub sandbox_user: String,
+    pub llm: LlmSettings,
+    pub limits: Limits,
+}
+
+pub struct Runner {
+    pub config: WorkerConfig,
+    pub blobs: Blobs,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub metrics: Metrics,
+    git: GitCache,
+    http: reqwest::Client,
+    graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl Runner {
+    pub fn new(
+        config: WorkerConfig,
+        blobs: Blobs,
+        sandbox: Arc<dyn Sandbox>,
+        metrics: Metrics,
+    ) -> Result<Self, GitError> {
+        std::fs::create_dir_all(config.work_dir.join("jobs"))?;
+        let git = GitCache::open(&config.work_dir.join("git"))?;
+        Ok(Self {
+            config,
+            blobs,
+            sandbox,
+            metrics,
+            git,
+            http: reqwest::Client::new(),
+            graphs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    async fn bundle(&self, key: &str) -> Result<Arc<GraphBundle>, RunError> {
+        if let Some(b) = self.graphs.lock().expect("graph cache lock").get(key) {
+            return Ok(b.clone());
+        }
+        let bundle: GraphBundle = self.blobs.get_json(key).await?;
+        let bundle = Arc::new(bundle);
+        self.graphs
+            .lock()
+            .expect("graph cache lock")
+            .insert(key.to_string(), bundle.clone());
+        Ok(bundle)
+    }
+
+    /// Runs the job and always cleans up its folder and container.
+    pub async fn run(&self, spec: &JobSpec) -> Result<JobResult, RunError> {
+        let started_at = now();
+        let started = Instant::now();
+        let dir = self.config.work_dir.join("jobs").join(format!(
+            "{}-a{}",
+            spec.job_id.as_str().replace(['/', '\\'], "_"),
+            spec.attempt
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| RunError::Transient(e.to_string()))?;
+        let mut art = Artifacts {
+            blobs: &self.blobs,
+            prefix: &spec.artifact_prefix,
+            written: Default::default(),
+        };
+        let outcome = self.execute(spec, &dir, &mut art).await;
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            warn!(job = %spec.job_id, error = %e, "could not remove the job folder");
+        }
+        let (step, usage, commit, pack, container_seconds) = outcome?;
+        let result = JobResult {
+            v: WIRE_VERSION,
+            job_id: spec.job_id.clone(),
+            run_id: spec.run_id.clone(),
+            attempt: spec.attempt,
+            status: step.status,
+            output: step.output,
+            error: step.error,
+            commit,
+            pack,
+            artifacts: art.written,
+            usage,
+            worker: self.config.id.clone(),
+            started_at,
+            finished_at: now(),
+            container_seconds,
+        };
+        self.metrics.observe_job(spec.kind, result.status, started.elapsed(), &result.usage);
+        info!(job = %spec.job_id, attempt = spec.attempt, status = ?result.status, seconds = started.elapsed().as_secs_f64(), "job finished");
+        Ok(result)
+    }
+
+    #[allow(clippy::type_complexity)]
+    async fn execute(
+        &self,
+        spec: &JobSpec,
+        dir: &Path,
+        art: &mut Artifacts<'_>,
+    ) -> Result<(StepOutcome, Usage, Option<String>, Option<String>, f64), RunError> {
+        let bundle = self.bundle(&spec.graph_ref).await?;
+        let node = bundle
+            .graph
+            .node(&spec.node)
+            .ok_or_else(|| RunError::Transient(format!("node `{}` not in graph", spec.node)))?;
+
+        let worktree = match &spec.worktree {
+            Some(w) => {
+                self.git
+                    .ensure_packs(&self.blobs, &w.packs)
+                    .await
+                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                let wt = self
+                    .git
+                    .materialize(&w.commit, dir)
+                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                Some(wt)
+            }
+            None => None,
+        };
+        let mount = match &worktree {
+            Some(wt) => wt.dir.clone(),
+            None => {
+                let empty = dir.join("wt");
+                std::fs::create_dir_all(&empty).map_err(|e| RunError::Transient(e.to_string()))?;
+                empty
+            }
+        };
+        let writable = spec
+            .worktree
+            .as_ref()
+            .is_some_and(|w| w.mode == WorktreeMode::Rw);
+        hand_over(&mount, &self.config.sandbox_user);
+
+        let needs_container = match spec.kind {
+            NodeKind::Agent | NodeKind::Command => true,
+            NodeKind::Harness => node.op.as_deref() == Some("factory_verify"),
+            NodeKind::Exit => false,
+        };
+        let timeout = Duration::from_secs(spec.timeout_seconds);
+        let container_started = Instant::now();
+        let session: Option<Box<dyn Session>> = if needs_container {
+            let image = spec.image.clone().ok_or_else(|| {
+                RunError::Transient(format!("node `{}` has no image", spec.node))
+            })?;
+            let sandbox_spec = SandboxSpec {
+                name: container_name(&self.config.id, spec),
+                image,
+                worktree: mount.clone(),
+                writable,
+                network: false,
+                lifetime: timeout + Duration::from_secs(60),
+                labels: vec![
+                    (crate::sandbox::docker::WORKER_LABEL.into(), self.config.id.clone()),
+                    ("fleet.job".into(), spec.job_id.to_string()),
+                    ("fleet.run".into(), spec.run_id.to_string()),
+                ],
+            };
+            match self.sandbox.start(&sandbox_spec).await {
+                Ok(s) => Some(s),
+                Err(SandboxError::MissingImage(image)) => {
+                    let step = StepOutcome {
+                        status: JobStatus::Error,
+                        output: Value::Null,
+                        error: Some(format!("image `{image}` is not present on worker `{}`", self.config.id)),
+                    };
+                    return Ok((step, Usage::default(), None, None, 0.0));
+                }
+                Err(e) => return Err(RunError::Transient(e.to_string())),
+            }
+        } else {
+            None
+        };
+
+        let work = self.step(spec, &bundle, worktree.as_ref(), session.as_deref(), art);
+        let stepped = tokio::time::timeout(timeout, work).await;
+        if let Some(s) = &session {
+            if let Err(e) = s.remove().await {
+                warn!(job = %spec.job_id, error = %e, "could not remove the container");
+            }
+        }
+        let container_seconds = if session.is_some() {
+            container_started.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
+        let (step, usage) = match stepped {
+            Ok(r) => r?,
+            Err(_) => (
+                StepOutcome {
+                    status: JobStatus::TimedOut,
+                    output: Value::Null,
+                    error: Some(format!("the job ran past its {}s timeout", spec.timeout_seconds)),
+                },
+                Usage::default(),
+            ),
+        };
+
+        let (mut commit, mut pack) = (None, None);
+        if let (Some(wt), Some(w)) = (&worktree, &spec.worktree) {
+            if w.commit_out && step.status == JobStatus::Ok {
+                let message = format!(
+                    "fleet: {} (visit {})\n\nRun: {}\nNode: {}\nJob: {}\n",
+                    spec.node, spec.visit, spec.run_id, spec.node, spec.job_id
+                );
+                let made = wt
+                    .commit_all(&message)
+                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                let id = made.unwrap_or_else(|| wt.base());
+                if id != wt.base() {
+                    let bytes = wt
+                        .pack_since_base(&id)
+                        .map_err(|e| RunError::Transient(e.to_string()))?;
+                    let key = format!("packs/{}.pack", shared::hashing::sha256_hex(&bytes));
+                    self.blobs.put(&key, bytes).await?;
+                    pack = Some(key);
+                }
+                commit = Some(id);
+            }
+        }
+        Ok((step, usage, commit, pack, container_seconds))
+    }
+
+    async fn step(
+        &self,
+        spec: &JobSpec,
+        bundle: &GraphBundle,
+        wt: Option<&Worktree>,
+        session: Option<&dyn Session>,
+        art: &mut Artifacts<'_>,
+    ) -> Result<(StepOutcome, Usage), RunError> {
+        let node = bundle.graph.node(&spec.node).expect("checked by execute");
+        let timeout = Duration::from_secs(spec.timeout_seconds);
+        let no_worktree = || RunError::Transient(format!("node `{}` needs a worktree", spec.node));
+        match spec.kind {
+            NodeKind::Agent => {
+                let session = session.expect("agents run in a container");
+                let template_path = node.template.as_deref().unwrap_or_default();
+                let schema_path = node.output_schema.as_deref().unwrap_or_default();
+                let schema: Value = serde_json::from_str(bundle.file(schema_path).unwrap_or("{}"))
+                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                let mut ctx = spec.vars.clone();
+                ctx["params"] = spec.params.clone();
+                ctx["context_files"] = match wt {
+                    Some(wt) => read_context(&wt.dir, &spec.context_files),
+                    None => json!([]),
+                };
+                let prompt = match shared::expr::render(
+                    template_path,
+                    bundle.file(template_path).unwrap_or_default(),
+                    &ctx,
+                ) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let step = StepOutcome { status: JobStatus::Error, output: Value::Null, error: Some(e.to_string()) };
+                        return Ok((step, Usage::default()));
+                    }
+                };
+                art.put("prompt.md", prompt.clone().into_bytes()).await?;
+                let job = AgentJob {
+                    node: spec.node.as_str(),
+                    visit: spec.visit,
+                    prompt,
+                    schema: &schema,
+                    tools: ToolBox {
+                        session,
+                        allowed: &node.tools,
+                        command_timeout: Duration::from_secs(120).min(timeout),
+                    },
+                };
+                let out = agent::run(job, &spec.agent, &self.config.llm, &self.http).await;
+                art.put_json("transcript.json", &out.transcript).await?;
+                art.put_json("output.json", &out.output).await?;
+                Ok((
+                    StepOutcome { status: out.status, output: out.output, error: out.error },
+                    out.usage,
+                ))
+            }
+            NodeKind::Command => {
+                let session = session.expect("commands run in a container");
+                Ok((harness::commands(&spec.commands, timeout, session, art).await?, Usage::default()))
+            }
+            NodeKind::Harness => {
+                let step = match node.op.as_deref() {
+                    Some("apply_patch") => {
+                        harness::apply_patch(&spec.params, wt.ok_or_else(no_worktree)?, art).await?
+                    }
+                    Some("factory_verify") => {
+                        let session = session.expect("verification runs in a container");
+                        harness::factory_verify(&spec.params, wt.ok_or_else(no_worktree)?, session, art).await?
+                    }
+                    Some("noop") => StepOutcome { status: JobStatus::Ok, output: json!({}), error: None },
+                    other => StepOutcome {
+                        status: JobStatus::Error,
+                        output: Value::Null,
+                        error: Some(format!("unknown harness op {other:?}")),
+                    },
+                };
+                Ok((step, Usage::default()))
+            }
+            NodeKind::Exit => Ok((
+                StepOutcome { status: JobStatus::Error, output: Value::Null, error: Some("exit nodes are not jobs".into()) },
+                Usage::default(),
+            )),
+        }
+    }
+}
+
+/// Container names are unique per worker, job and attempt.
+fn container_name(worker: &str, spec: &JobSpec) -> String {
+    let raw = format!("fleet-{worker}-{}-a{}", spec.job_id, spec.attempt);
+    raw.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
+        .collect()
+}
+
+/// The prompt's context files, read by the harness: at most 10 files and 200 KB in all, cut
+/// deterministically; paths that escape the worktree are refused.
+fn read_context(root: &Path, files: &[String]) -> Value {
+    let mut budget = MAX_CONTEXT_BYTES;
+    let mut out = Vec::new();
+    for f in files.iter().take(MAX_CONTEXT_FILES) {
+        let Ok(rel) = normalize_relative(f) else {
+            out.push(json!({"path": f, "content": "[refused: path escapes the worktree]", "truncated": false}));
+            continue;
+        };
+        let bytes = std::fs::read(root.join(&rel)).unwrap_or_default();
+        let take = bytes.len().min(budget);
+        budget -= take;
+        out.push(json!({
+            "path": rel,
+            "content": String::from_utf8_lossy(&bytes[..take]),
+            "truncated": take < bytes.len(),
+        }));
+    }
+    Value::Array(out)
+}
+
+/// Gives the worktree to the container's user (the worker may run as root; containers never do).
+fn hand_over(dir: &Path, user: &str) {
+    let Some((uid, gid)) = user.split_once(':') else { return };
+    let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) else { return };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let _ = std::os::unix::fs::lchown(&p, Some(uid), Some(gid));
+        if let Ok(entries) = std::fs::read_dir(&p) {
+            for e in entries.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    stack.push(e.path());
+                } else {
+                    let _ = std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid));
+                }
+            }
+        }
+    }
+}
