@@ -140,7 +140,9 @@ impl RunState {
     }
 
     pub fn pending_jobs(&self) -> impl Iterator<Item = (&JobId, &JobRecord)> {
-        self.jobs.iter().filter(|(_, j)| j.state == JobState::Pending)
+        self.jobs
+            .iter()
+            .filter(|(_, j)| j.state == JobState::Pending)
     }
 
     /// The context expressions and templates see.
@@ -242,7 +244,14 @@ pub fn apply(
             }
             next.status = RunStatus::Running;
             next.updated_at = at.clone();
-            enter(bundle, &mut next, &bundle.graph.start, at, &mut effects, assemble)?;
+            enter(
+                bundle,
+                &mut next,
+                &bundle.graph.start,
+                at,
+                &mut effects,
+                assemble,
+            )?;
         }
         Event::JobFinished { result, at } => {
             let Some(record) = state.jobs.get(&result.job_id) else {

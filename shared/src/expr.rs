@@ -116,7 +116,10 @@ mod tests {
     #[test]
     fn missing_chains_are_null() {
         let ctx = json!({});
-        assert_eq!(eval("last.output.failure_brief", &ctx).unwrap(), Value::Null);
+        assert_eq!(
+            eval("last.output.failure_brief", &ctx).unwrap(),
+            Value::Null
+        );
     }
 
     #[test]

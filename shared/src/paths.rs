@@ -64,10 +64,22 @@ mod tests {
 
     #[test]
     fn refuses_escapes_absolute_and_drive_paths() {
-        assert!(matches!(normalize_relative("../x"), Err(PathError::Escapes(_))));
-        assert!(matches!(normalize_relative("a/../../x"), Err(PathError::Escapes(_))));
-        assert!(matches!(normalize_relative("/etc/passwd"), Err(PathError::Absolute(_))));
-        assert!(matches!(normalize_relative("C:\\x"), Err(PathError::Drive(_))));
+        assert!(matches!(
+            normalize_relative("../x"),
+            Err(PathError::Escapes(_))
+        ));
+        assert!(matches!(
+            normalize_relative("a/../../x"),
+            Err(PathError::Escapes(_))
+        ));
+        assert!(matches!(
+            normalize_relative("/etc/passwd"),
+            Err(PathError::Absolute(_))
+        ));
+        assert!(matches!(
+            normalize_relative("C:\\x"),
+            Err(PathError::Drive(_))
+        ));
         assert!(matches!(normalize_relative(""), Err(PathError::Empty)));
     }
 }

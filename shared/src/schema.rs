@@ -25,7 +25,8 @@ mod tests {
 
     #[test]
     fn schema_violations_are_listed() {
-        let schema = json!({"type": "object", "required": ["a"], "properties": {"a": {"type": "string"}}});
+        let schema =
+            json!({"type": "object", "required": ["a"], "properties": {"a": {"type": "string"}}});
         assert!(validate(&schema, &json!({"a": "x"})).is_ok());
         let err = validate(&schema, &json!({"a": 1})).unwrap_err();
         assert!(err.contains("/a"), "{err}");

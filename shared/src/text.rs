@@ -38,7 +38,10 @@ mod tests {
 
     #[test]
     fn tail_keeps_last_lines() {
-        let text = (1..=10).map(|i| i.to_string()).collect::<Vec<_>>().join("\n");
+        let text = (1..=10)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
         assert_eq!(tail(&text, 3, 1000), "8\n9\n10");
     }
 

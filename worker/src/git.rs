@@ -130,8 +130,8 @@ impl Worktree {
     /// Applies a unified diff to the working directory (`git apply` semantics, no unsafe paths).
     pub fn apply_patch(&self, diff: &str) -> Result<(), GitError> {
         let repo = self.repo()?;
-        let parsed =
-            git2::Diff::from_buffer(diff.as_bytes()).map_err(|e| GitError::Apply(e.message().to_string()))?;
+        let parsed = git2::Diff::from_buffer(diff.as_bytes())
+            .map_err(|e| GitError::Apply(e.message().to_string()))?;
         repo.apply(&parsed, git2::ApplyLocation::WorkDir, None)
             .map_err(|e| GitError::Apply(e.message().to_string()))
     }
@@ -192,7 +192,10 @@ pub fn pack_repository(path: &Path, refname: &str) -> Result<RepoPack, GitError>
             .take(5)
             .collect();
         if !dirty.is_empty() {
-            return Err(GitError::Dirty(path.display().to_string(), dirty.join(", ")));
+            return Err(GitError::Dirty(
+                path.display().to_string(),
+                dirty.join(", "),
+            ));
         }
     }
     let commit = repo.revparse_single(refname)?.peel_to_commit()?;

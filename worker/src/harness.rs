@@ -28,14 +28,22 @@ pub struct Artifacts<'a> {
 }
 
 impl Artifacts<'_> {
-    pub async fn put(&mut self, name: &str, bytes: Vec<u8>) -> Result<String, crate::blobs::BlobError> {
+    pub async fn put(
+        &mut self,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<String, crate::blobs::BlobError> {
         let key = format!("{}{name}", self.prefix);
         self.blobs.put(&key, bytes).await?;
         self.written.insert(name.to_string(), key.clone());
         Ok(key)
     }
 
-    pub async fn put_json(&mut self, name: &str, value: &Value) -> Result<String, crate::blobs::BlobError> {
+    pub async fn put_json(
+        &mut self,
+        name: &str,
+        value: &Value,
+    ) -> Result<String, crate::blobs::BlobError> {
         let bytes = serde_json::to_vec_pretty(value).expect("json value serializes");
         self.put(name, bytes).await
     }
@@ -55,7 +63,10 @@ fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
         output,
         error: Some(format!(
             "{}: {}",
-            serde_json::to_value(brief.stage).unwrap_or_default().as_str().unwrap_or(""),
+            serde_json::to_value(brief.stage)
+                .unwrap_or_default()
+                .as_str()
+                .unwrap_or(""),
             text::head(&brief.primary_error_excerpt, 300)
         )),
     }
@@ -63,12 +74,22 @@ fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
 
 /// TR: touched files from the diff headers must be ⊆ allowed_files; then `git apply`.
 pub async fn apply_patch(params: &Value, wt: &Worktree, art: &mut Artifacts<'_>) -> StepResult {
-    let diff = param(params, "unified_diff").as_str().unwrap_or_default().to_string();
+    let diff = param(params, "unified_diff")
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let attempt = param(params, "attempt_index").clone();
-    let patch_path = art.put("proposed_patch.diff", diff.clone().into_bytes()).await?;
+    let patch_path = art
+        .put("proposed_patch.diff", diff.clone().into_bytes())
+        .await?;
     let allowed: Vec<String> = param(params, "allowed_files")
         .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).filter_map(|p| normalize_relative(p).ok()).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .filter_map(|p| normalize_relative(p).ok())
+                .collect()
+        })
         .unwrap_or_default();
     let mut output = json!({
         "attempt_index": attempt, "patch_path": patch_path,
@@ -86,7 +107,11 @@ pub async fn apply_patch(params: &Value, wt: &Worktree, art: &mut Artifacts<'_>)
     if !outside.is_empty() {
         let msg = format!(
             "the patch touches files outside allowed_files: {}",
-            outside.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            outside
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let brief = FailureBrief::new(Stage::PatchScopeViolation, None, None, &msg);
         return finish_apply(output, Some(brief), "", art).await;
@@ -122,7 +147,11 @@ async fn finish_apply(
     });
     art.put_json("apply_result.json", &apply_result).await?;
     match brief {
-        None => Ok(StepOutcome { status: JobStatus::Ok, output, error: None }),
+        None => Ok(StepOutcome {
+            status: JobStatus::Ok,
+            output,
+            error: None,
+        }),
         Some(b) => {
             art.put_json("failure_brief.json", &json!(b)).await?;
             Ok(failed(output, &b))
@@ -151,8 +180,12 @@ async fn run_logged(
     if out.timed_out {
         stderr.push_str(&format!("\n[timed out after {}s]", timeout.as_secs()));
     }
-    let stdout_path = art.put(&format!("logs/{label}.stdout"), stdout.clone().into_bytes()).await?;
-    let stderr_path = art.put(&format!("logs/{label}.stderr"), stderr.clone().into_bytes()).await?;
+    let stdout_path = art
+        .put(&format!("logs/{label}.stdout"), stdout.clone().into_bytes())
+        .await?;
+    let stderr_path = art
+        .put(&format!("logs/{label}.stderr"), stderr.clone().into_bytes())
+        .await?;
     Ok(CmdResult {
         command: argv.to_vec(),
         exit_code: out.exit_code,
@@ -177,7 +210,11 @@ pub async fn factory_verify(
     session: &dyn Session,
     art: &mut Artifacts<'_>,
 ) -> StepResult {
-    let timeout = Duration::from_secs(param(params, "command_timeout_seconds").as_u64().unwrap_or(600));
+    let timeout = Duration::from_secs(
+        param(params, "command_timeout_seconds")
+            .as_u64()
+            .unwrap_or(600),
+    );
     let has_script = wt.dir.join("scripts/verify.sh").is_file();
     let mut output = json!({
         "attempt_index": param(params, "attempt_index"),
@@ -189,7 +226,12 @@ pub async fn factory_verify(
         let r = run_logged(session, argv, timeout, &format!("verify_{i}"), art).await?;
         let failed_now = r.exit_code != 0;
         if failed_now {
-            brief = Some(FailureBrief::new(Stage::VerifyFailed, Some(argv.join(" ")), Some(r.exit_code), &excerpt(&r)));
+            brief = Some(FailureBrief::new(
+                Stage::VerifyFailed,
+                Some(argv.join(" ")),
+                Some(r.exit_code),
+                &excerpt(&r),
+            ));
         }
         verify.push(r);
         if failed_now {
@@ -197,25 +239,41 @@ pub async fn factory_verify(
         }
     }
     output["verify"] = json!(verify);
-    art.put_json("verify_result.json", &output["verify"]).await?;
+    art.put_json("verify_result.json", &output["verify"])
+        .await?;
     let mut acceptance = Vec::new();
     if brief.is_none() {
         let commands: Vec<String> = param(params, "acceptance_commands")
             .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         for (i, command) in commands.iter().enumerate() {
             let argv = match factory::split_command(command) {
                 Ok(a) => a,
                 Err(e) => {
-                    brief = Some(FailureBrief::new(Stage::AcceptanceFailed, Some(command.clone()), None, &e));
+                    brief = Some(FailureBrief::new(
+                        Stage::AcceptanceFailed,
+                        Some(command.clone()),
+                        None,
+                        &e,
+                    ));
                     break;
                 }
             };
             let r = run_logged(session, &argv, timeout, &format!("acceptance_{i}"), art).await?;
             let failed_now = r.exit_code != 0;
             if failed_now {
-                brief = Some(FailureBrief::new(Stage::AcceptanceFailed, Some(command.clone()), Some(r.exit_code), &excerpt(&r)));
+                brief = Some(FailureBrief::new(
+                    Stage::AcceptanceFailed,
+                    Some(command.clone()),
+                    Some(r.exit_code),
+                    &excerpt(&r),
+                ));
             }
             acceptance.push(r);
             if failed_now {
@@ -224,7 +282,8 @@ pub async fn factory_verify(
         }
     }
     output["acceptance"] = json!(acceptance);
-    art.put_json("acceptance_result.json", &output["acceptance"]).await?;
+    art.put_json("acceptance_result.json", &output["acceptance"])
+        .await?;
     match brief {
         Some(b) => {
             art.put_json("failure_brief.json", &json!(b)).await?;
@@ -235,7 +294,11 @@ pub async fn factory_verify(
             output["tree_hash_after"] = json!(factory::tree_hash(
                 files.iter().map(|(p, b)| (p.as_str(), b.as_slice()))
             ));
-            Ok(StepOutcome { status: JobStatus::Ok, output, error: None })
+            Ok(StepOutcome {
+                status: JobStatus::Ok,
+                output,
+                error: None,
+            })
         }
     }
 }
@@ -270,5 +333,9 @@ pub async fn commands(
             });
         }
     }
-    Ok(StepOutcome { status: JobStatus::Ok, output: json!({"results": results}), error: None })
+    Ok(StepOutcome {
+        status: JobStatus::Ok,
+        output: json!({"results": results}),
+        error: None,
+    })
 }

@@ -4,14 +4,15 @@
 //! The RabbitMQ and object-store adapters live here and are reused by the coordinator, which
 //! embeds a worker for the single-process mode.
 
+pub mod agent;
 pub mod blobs;
+pub mod consumer;
 pub mod git;
+pub mod harness;
 pub mod memory_queue;
+pub mod metrics;
 pub mod queue;
 pub mod rabbitmq;
-pub mod agent;
+pub mod runner;
 pub mod sandbox;
 pub mod tools;
-pub mod harness;
-pub mod metrics;
-pub mod runner;

@@ -1,6 +1,8 @@
 //! Prometheus metrics of a worker. Labels stay bounded: kinds and statuses, never ids.
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
 use shared::graph::NodeKind;
 use shared::messages::{JobStatus, Usage};
 use std::time::Duration;
@@ -19,13 +21,17 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let jobs = IntCounterVec::new(
-            Opts::new("fleet_worker_jobs_total", "jobs finished by kind and status"),
+            Opts::new(
+                "fleet_worker_jobs_total",
+                "jobs finished by kind and status",
+            ),
             &["kind", "status"],
         )
         .expect("valid metric");
         let job_seconds = HistogramVec::new(
-            HistogramOpts::new("fleet_worker_job_seconds", "wall time of a job")
-                .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0]),
+            HistogramOpts::new("fleet_worker_job_seconds", "wall time of a job").buckets(vec![
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+            ]),
             &["kind"],
         )
         .expect("valid metric");
@@ -40,25 +46,47 @@ impl Metrics {
         )
         .expect("valid metric");
         let deliveries = IntCounterVec::new(
-            Opts::new("fleet_worker_deliveries_total", "job deliveries by how they were settled"),
+            Opts::new(
+                "fleet_worker_deliveries_total",
+                "job deliveries by how they were settled",
+            ),
             &["settled"],
         )
         .expect("valid metric");
         for c in [&jobs, &llm_tokens, &llm_calls, &deliveries] {
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
         }
-        registry.register(Box::new(job_seconds.clone())).expect("unique metric");
-        Self { registry, jobs, job_seconds, llm_tokens, llm_calls, deliveries }
+        registry
+            .register(Box::new(job_seconds.clone()))
+            .expect("unique metric");
+        Self {
+            registry,
+            jobs,
+            job_seconds,
+            llm_tokens,
+            llm_calls,
+            deliveries,
+        }
     }
 
     pub fn observe_job(&self, kind: NodeKind, status: JobStatus, took: Duration, usage: &Usage) {
         let kind = format!("{kind:?}").to_lowercase();
         let status = format!("{status:?}").to_lowercase();
         self.jobs.with_label_values(&[&kind, &status]).inc();
-        self.job_seconds.with_label_values(&[&kind]).observe(took.as_secs_f64());
-        self.llm_tokens.with_label_values(&["input"]).inc_by(usage.input_tokens);
-        self.llm_tokens.with_label_values(&["output"]).inc_by(usage.output_tokens);
-        self.llm_calls.with_label_values(&[&kind]).inc_by(usage.llm_calls as u64);
+        self.job_seconds
+            .with_label_values(&[&kind])
+            .observe(took.as_secs_f64());
+        self.llm_tokens
+            .with_label_values(&["input"])
+            .inc_by(usage.input_tokens);
+        self.llm_tokens
+            .with_label_values(&["output"])
+            .inc_by(usage.output_tokens);
+        self.llm_calls
+            .with_label_values(&[&kind])
+            .inc_by(usage.llm_calls as u64);
     }
 
     pub fn render(&self) -> String {

@@ -103,8 +103,12 @@ impl Incoming {
 #[async_trait]
 pub trait Broker: Send + Sync {
     /// Publishes a persistent message and returns once the broker confirmed it.
-    async fn publish(&self, queue: QueueName, body: &[u8], message_id: &str)
-        -> Result<(), PortError>;
+    async fn publish(
+        &self,
+        queue: QueueName,
+        body: &[u8],
+        message_id: &str,
+    ) -> Result<(), PortError>;
     /// Consumes `queue` with at most `prefetch` unacknowledged messages; survives reconnects.
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming>;
 }

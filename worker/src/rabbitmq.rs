@@ -42,16 +42,28 @@ async fn declare(channel: &Channel, ns: &str) -> Result<(), PortError> {
         ..Default::default()
     };
     let mut dead_args = FieldTable::default();
-    dead_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    dead_args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     channel
         .queue_declare(&QueueName::DeadJobs.qualified(ns), durable, dead_args)
         .await
         .map_err(conn_err)?;
 
     let mut jobs_args = FieldTable::default();
-    jobs_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
-    jobs_args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(DELIVERY_LIMIT));
-    jobs_args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+    jobs_args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    jobs_args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongLongInt(DELIVERY_LIMIT),
+    );
+    jobs_args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
     jobs_args.insert(
         "x-dead-letter-routing-key".into(),
         AMQPValue::LongString(QueueName::DeadJobs.qualified(ns).into()),
@@ -62,7 +74,10 @@ async fn declare(channel: &Channel, ns: &str) -> Result<(), PortError> {
         .map_err(conn_err)?;
 
     let mut results_args = FieldTable::default();
-    results_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    results_args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     channel
         .queue_declare(&QueueName::Results.qualified(ns), durable, results_args)
         .await

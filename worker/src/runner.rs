@@ -130,7 +130,8 @@ impl Runner {
             finished_at: now(),
             container_seconds,
         };
-        self.metrics.observe_job(spec.kind, result.status, started.elapsed(), &result.usage);
+        self.metrics
+            .observe_job(spec.kind, result.status, started.elapsed(), &result.usage);
         info!(job = %spec.job_id, attempt = spec.attempt, status = ?result.status, seconds = started.elapsed().as_secs_f64(), "job finished");
         Ok(result)
     }
@@ -184,9 +185,10 @@ impl Runner {
         let timeout = Duration::from_secs(spec.timeout_seconds);
         let container_started = Instant::now();
         let session: Option<Box<dyn Session>> = if needs_container {
-            let image = spec.image.clone().ok_or_else(|| {
-                RunError::Transient(format!("node `{}` has no image", spec.node))
-            })?;
+            let image = spec
+                .image
+                .clone()
+                .ok_or_else(|| RunError::Transient(format!("node `{}` has no image", spec.node)))?;
             let sandbox_spec = SandboxSpec {
                 name: container_name(&self.config.id, spec),
                 image,
@@ -195,7 +197,10 @@ impl Runner {
                 network: false,
                 lifetime: timeout + Duration::from_secs(60),
                 labels: vec![
-                    (crate::sandbox::docker::WORKER_LABEL.into(), self.config.id.clone()),
+                    (
+                        crate::sandbox::docker::WORKER_LABEL.into(),
+                        self.config.id.clone(),
+                    ),
                     ("fleet.job".into(), spec.job_id.to_string()),
                     ("fleet.run".into(), spec.run_id.to_string()),
                 ],
@@ -206,7 +211,10 @@ impl Runner {
                     let step = StepOutcome {
                         status: JobStatus::Error,
                         output: Value::Null,
-                        error: Some(format!("image `{image}` is not present on worker `{}`", self.config.id)),
+                        error: Some(format!(
+                            "image `{image}` is not present on worker `{}`",
+                            self.config.id
+                        )),
                     };
                     return Ok((step, Usage::default(), None, None, 0.0));
                 }
@@ -234,7 +242,10 @@ impl Runner {
                 StepOutcome {
                     status: JobStatus::TimedOut,
                     output: Value::Null,
-                    error: Some(format!("the job ran past its {}s timeout", spec.timeout_seconds)),
+                    error: Some(format!(
+                        "the job ran past its {}s timeout",
+                        spec.timeout_seconds
+                    )),
                 },
                 Usage::default(),
             ),
@@ -296,7 +307,11 @@ impl Runner {
                 ) {
                     Ok(p) => p,
                     Err(e) => {
-                        let step = StepOutcome { status: JobStatus::Error, output: Value::Null, error: Some(e.to_string()) };
+                        let step = StepOutcome {
+                            status: JobStatus::Error,
+                            output: Value::Null,
+                            error: Some(e.to_string()),
+                        };
                         return Ok((step, Usage::default()));
                     }
                 };
@@ -316,13 +331,20 @@ impl Runner {
                 art.put_json("transcript.json", &out.transcript).await?;
                 art.put_json("output.json", &out.output).await?;
                 Ok((
-                    StepOutcome { status: out.status, output: out.output, error: out.error },
+                    StepOutcome {
+                        status: out.status,
+                        output: out.output,
+                        error: out.error,
+                    },
                     out.usage,
                 ))
             }
             NodeKind::Command => {
                 let session = session.expect("commands run in a container");
-                Ok((harness::commands(&spec.commands, timeout, session, art).await?, Usage::default()))
+                Ok((
+                    harness::commands(&spec.commands, timeout, session, art).await?,
+                    Usage::default(),
+                ))
             }
             NodeKind::Harness => {
                 let step = match node.op.as_deref() {
@@ -331,9 +353,19 @@ impl Runner {
                     }
                     Some("factory_verify") => {
                         let session = session.expect("verification runs in a container");
-                        harness::factory_verify(&spec.params, wt.ok_or_else(no_worktree)?, session, art).await?
+                        harness::factory_verify(
+                            &spec.params,
+                            wt.ok_or_else(no_worktree)?,
+                            session,
+                            art,
+                        )
+                        .await?
                     }
-                    Some("noop") => StepOutcome { status: JobStatus::Ok, output: json!({}), error: None },
+                    Some("noop") => StepOutcome {
+                        status: JobStatus::Ok,
+                        output: json!({}),
+                        error: None,
+                    },
                     other => StepOutcome {
                         status: JobStatus::Error,
                         output: Value::Null,
@@ -343,7 +375,11 @@ impl Runner {
                 Ok((step, Usage::default()))
             }
             NodeKind::Exit => Ok((
-                StepOutcome { status: JobStatus::Error, output: Value::Null, error: Some("exit nodes are not jobs".into()) },
+                StepOutcome {
+                    status: JobStatus::Error,
+                    output: Value::Null,
+                    error: Some("exit nodes are not jobs".into()),
+                },
                 Usage::default(),
             )),
         }
@@ -354,7 +390,13 @@ impl Runner {
 fn container_name(worker: &str, spec: &JobSpec) -> String {
     let raw = format!("fleet-{worker}-{}-a{}", spec.job_id, spec.attempt);
     raw.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -382,8 +424,12 @@ fn read_context(root: &Path, files: &[String]) -> Value {
 
 /// Gives the worktree to the container's user (the worker may run as root; containers never do).
 fn hand_over(dir: &Path, user: &str) {
-    let Some((uid, gid)) = user.split_once(':') else { return };
-    let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) else { return };
+    let Some((uid, gid)) = user.split_once(':') else {
+        return;
+    };
+    let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) else {
+        return;
+    };
     let mut stack = vec![dir.to_path_buf()];
     while let Some(p) = stack.pop() {
         let _ = std::os::unix::fs::lchown(&p, Some(uid), Some(gid));

@@ -123,7 +123,9 @@ impl ToolBox<'_> {
                         Ok(format!("edited {path}"))
                     }
                     0 => Err(format!("old_text not found in {path}")),
-                    n => Err(format!("old_text occurs {n} times in {path}; make it unique")),
+                    n => Err(format!(
+                        "old_text occurs {n} times in {path}; make it unique"
+                    )),
                 }
             }
             Tool::RunCommand => {
@@ -141,8 +143,16 @@ impl ToolBox<'_> {
                     "exit code: {}{}\nstdout:\n{}\nstderr:\n{}",
                     out.exit_code,
                     if out.timed_out { " (timed out)" } else { "" },
-                    text::tail(&String::from_utf8_lossy(&out.stdout), 200, MAX_TOOL_OUTPUT / 2),
-                    text::tail(&String::from_utf8_lossy(&out.stderr), 200, MAX_TOOL_OUTPUT / 2),
+                    text::tail(
+                        &String::from_utf8_lossy(&out.stdout),
+                        200,
+                        MAX_TOOL_OUTPUT / 2
+                    ),
+                    text::tail(
+                        &String::from_utf8_lossy(&out.stderr),
+                        200,
+                        MAX_TOOL_OUTPUT / 2
+                    ),
                 ))
             }
         }

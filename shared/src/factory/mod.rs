@@ -6,7 +6,9 @@ mod summary;
 mod work_order;
 
 pub use diff::{touched_files, DiffError};
-pub use summary::{failure_brief_of, summarize, AttemptRecord, CmdResult, FailureBrief, RunSummary};
+pub use summary::{
+    failure_brief_of, summarize, AttemptRecord, CmdResult, FailureBrief, RunSummary,
+};
 pub use work_order::{
     config_hash, prepare, tree_hash, FactoryMeta, FactoryOptions, Stage, WorkOrder, WorkOrderError,
     MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES, TREE_EXCLUDED_DIRS,
@@ -56,7 +58,10 @@ mod tests {
 
     #[test]
     fn verify_fallback_is_the_seeds_list() {
-        assert_eq!(verify_commands(true), vec![vec!["bash", "scripts/verify.sh"]]);
+        assert_eq!(
+            verify_commands(true),
+            vec![vec!["bash", "scripts/verify.sh"]]
+        );
         let fallback = verify_commands(false);
         assert_eq!(fallback.len(), 3);
         assert_eq!(fallback[2], vec!["python", "-m", "pytest", "-q"]);

@@ -90,7 +90,10 @@ impl WorkOrder {
         if self.context_files.len() > MAX_CONTEXT_FILES {
             return Err(field(
                 "context_files",
-                format!("at most {MAX_CONTEXT_FILES} files, got {}", self.context_files.len()),
+                format!(
+                    "at most {MAX_CONTEXT_FILES} files, got {}",
+                    self.context_files.len()
+                ),
             ));
         }
         let allowed: Vec<String> = self
@@ -199,7 +202,9 @@ pub fn prepare(
     WorkOrder::from_value(wo_value)?;
     let options: FactoryOptions = match obj.get("options") {
         None | Some(Value::Null) => FactoryOptions::default(),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| field("options", e.to_string()))?,
+        Some(v) => {
+            serde_json::from_value(v.clone()).map_err(|e| field("options", e.to_string()))?
+        }
     };
     if options.max_attempts == 0 {
         return Err(field("options.max_attempts", "must be at least 1"));
@@ -211,10 +216,10 @@ pub fn prepare(
         options.max_attempts,
         options.timeout_seconds,
     );
-    let run_id = sha256_hex(
-        format!("{work_order_hash}{repo_tree_hash_before}{config_hash}").as_bytes(),
-    )[..12]
-        .to_string();
+    let run_id =
+        sha256_hex(format!("{work_order_hash}{repo_tree_hash_before}{config_hash}").as_bytes())
+            [..12]
+            .to_string();
     let mut normalized = input.clone();
     normalized["options"] = json!(options);
     if normalized.get("work_order_path").is_none() {
@@ -268,10 +273,16 @@ mod tests {
         let mut wo = order();
         wo["context_files"] = json!((0..11).map(|i| format!("f{i}.py")).collect::<Vec<_>>());
         wo["allowed_files"] = wo["context_files"].clone();
-        assert!(WorkOrder::from_value(&wo).unwrap_err().to_string().contains("at most 10"));
+        assert!(WorkOrder::from_value(&wo)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 10"));
         let mut wo = order();
         wo.as_object_mut().unwrap().remove("intent");
-        assert!(matches!(WorkOrder::from_value(&wo), Err(WorkOrderError::Malformed(_))));
+        assert!(matches!(
+            WorkOrder::from_value(&wo),
+            Err(WorkOrderError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -290,10 +301,7 @@ mod tests {
     #[test]
     fn config_hash_matches_pythons_formatting() {
         // sha256(b"m|0.0|2|600") as Python computes it.
-        assert_eq!(
-            config_hash("m", 0.0, 2, 600),
-            sha256_hex(b"m|0.0|2|600")
-        );
+        assert_eq!(config_hash("m", 0.0, 2, 600), sha256_hex(b"m|0.0|2|600"));
         assert_eq!(config_hash("m", 0.5, 2, 600), sha256_hex(b"m|0.5|2|600"));
     }
 

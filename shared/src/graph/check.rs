@@ -80,7 +80,11 @@ pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_')
         {
-            err(Some(id), "", "node names are letters, digits and `_`".into());
+            err(
+                Some(id),
+                "",
+                "node names are letters, digits and `_`".into(),
+            );
         }
         check_node(bundle, id, node, &mut err);
     }
@@ -128,7 +132,11 @@ fn check_node(
 
     for route in &node.routes {
         if !g.nodes.contains_key(&route.to) {
-            err(Some(id), "routes", format!("route to unknown node `{}`", route.to));
+            err(
+                Some(id),
+                "routes",
+                format!("route to unknown node `{}`", route.to),
+            );
         }
         if let Some(when) = &route.when {
             if let Err(e) = expr::compile_check(when) {
@@ -158,7 +166,11 @@ fn check_node(
             }
         }
         if w.commit && w.mode == super::WorktreeMode::Ro {
-            err(Some(id), "worktree.commit", "a read-only worktree cannot commit".into());
+            err(
+                Some(id),
+                "worktree.commit",
+                "a read-only worktree cannot commit".into(),
+            );
         }
     }
     if let Some(a) = &node.artifacts {
@@ -185,7 +197,10 @@ fn check_node(
 
     let forbid = |field: &str, present: bool, err: &mut dyn FnMut(&str, String)| {
         if present {
-            err(field, format!("not allowed on a {:?} node", node.kind).to_lowercase());
+            err(
+                field,
+                format!("not allowed on a {:?} node", node.kind).to_lowercase(),
+            );
         }
     };
     let mut e2 = |field: &str, msg: String| err(Some(id), field, msg);
@@ -234,7 +249,10 @@ fn check_node(
         }
         NodeKind::Command => {
             if node.commands.is_empty() {
-                e2("commands", "a command node needs at least one command".into());
+                e2(
+                    "commands",
+                    "a command node needs at least one command".into(),
+                );
             }
             for c in &node.commands {
                 if let Err(e) = expr::template_variables("command", c) {
@@ -247,7 +265,10 @@ fn check_node(
             None => e2("op", "required for a harness node".into()),
             Some(op) if !HARNESS_OPS.contains(&op) => e2(
                 "op",
-                format!("unknown harness op `{op}` (known: {})", HARNESS_OPS.join(", ")),
+                format!(
+                    "unknown harness op `{op}` (known: {})",
+                    HARNESS_OPS.join(", ")
+                ),
             ),
             _ => {}
         },
@@ -297,7 +318,11 @@ fn reachable_from(g: &super::Graph, start: &NodeId) -> BTreeSet<NodeId> {
             continue;
         }
         if let Some(node) = g.nodes.get(&n) {
-            stack.extend(successors(node).filter(|s| g.nodes.contains_key(*s)).cloned());
+            stack.extend(
+                successors(node)
+                    .filter(|s| g.nodes.contains_key(*s))
+                    .cloned(),
+            );
         }
     }
     seen
@@ -388,7 +413,10 @@ nodes:
     #[test]
     fn refuses_a_loop_without_budget() {
         let errs = load(&OK.replace("    max_visits: 3\n", "")).unwrap_err();
-        assert!(errs.iter().any(|e| e.contains("has no visit budget")), "{errs:?}");
+        assert!(
+            errs.iter().any(|e| e.contains("has no visit budget")),
+            "{errs:?}"
+        );
     }
 
     #[test]
@@ -396,16 +424,25 @@ nodes:
         let yaml = OK.replace("t.md", "missing.md").to_string()
             + "  orphan:\n    kind: exit\n    status: 'true'\n";
         let errs = load(&yaml).unwrap_err();
-        assert!(errs.iter().any(|e| e.contains("cannot read `missing.md`")), "{errs:?}");
+        assert!(
+            errs.iter().any(|e| e.contains("cannot read `missing.md`")),
+            "{errs:?}"
+        );
         let errs = load(&(OK.to_string() + "  orphan:\n    kind: exit\n    status: 'true'\n"))
             .unwrap_err();
-        assert!(errs.iter().any(|e| e.contains("node `orphan`") && e.contains("unreachable")));
+        assert!(errs
+            .iter()
+            .any(|e| e.contains("node `orphan`") && e.contains("unreachable")));
     }
 
     #[test]
     fn refuses_template_variables_nobody_provides() {
         let errs = load(&OK.replace("t.md", "bad.md")).unwrap_err();
-        assert!(errs.iter().any(|e| e.contains("variables nobody provides: nobody")), "{errs:?}");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("variables nobody provides: nobody")),
+            "{errs:?}"
+        );
     }
 
     #[test]

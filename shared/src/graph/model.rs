@@ -179,7 +179,8 @@ impl Graph {
     }
 
     pub fn timeout_for(&self, node: &Node) -> u64 {
-        node.timeout_seconds.unwrap_or(self.defaults.timeout_seconds)
+        node.timeout_seconds
+            .unwrap_or(self.defaults.timeout_seconds)
     }
 
     pub fn image_for(&self, node: &Node) -> Option<String> {

@@ -1,6 +1,8 @@
 //! The built-in agent loop over the Anthropic Messages API.
 
-use super::llm::{json_from_text, post_with_retry, LlmError, LlmSettings, SUBMIT, SUBMIT_DESCRIPTION};
+use super::llm::{
+    json_from_text, post_with_retry, LlmError, LlmSettings, SUBMIT, SUBMIT_DESCRIPTION,
+};
 use super::{validate, AgentJob, AgentOutcome};
 use serde_json::{json, Value};
 use shared::messages::{JobStatus, LlmConfig, Usage};
@@ -20,7 +22,8 @@ pub async fn run(
     usage.cost_usd = settings
         .prices
         .cost(&cfg.model, usage.input_tokens, usage.output_tokens);
-    let transcript = json!({"api": "anthropic", "model": cfg.model, "system": SYSTEM, "messages": messages});
+    let transcript =
+        json!({"api": "anthropic", "model": cfg.model, "system": SYSTEM, "messages": messages});
     match outcome {
         Ok(Ok(output)) => AgentOutcome {
             status: JobStatus::Ok,
@@ -65,7 +68,9 @@ async fn converse(
         .into_iter()
         .map(|d| json!({"name": d.name, "description": d.description, "input_schema": d.schema}))
         .collect();
-    tools.push(json!({"name": SUBMIT, "description": SUBMIT_DESCRIPTION, "input_schema": job.schema}));
+    tools.push(
+        json!({"name": SUBMIT, "description": SUBMIT_DESCRIPTION, "input_schema": job.schema}),
+    );
     let url = format!(
         "{}/v1/messages",
         settings.anthropic_base_url.trim_end_matches('/')
@@ -85,8 +90,14 @@ async fn converse(
             "messages": messages,
         });
         let resp = post_with_retry(http, &url, &headers, &body, settings, usage).await?;
-        usage.input_tokens += resp.pointer("/usage/input_tokens").and_then(Value::as_u64).unwrap_or(0);
-        usage.output_tokens += resp.pointer("/usage/output_tokens").and_then(Value::as_u64).unwrap_or(0);
+        usage.input_tokens += resp
+            .pointer("/usage/input_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        usage.output_tokens += resp
+            .pointer("/usage/output_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         let content = resp
             .get("content")
             .and_then(Value::as_array)

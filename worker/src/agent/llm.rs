@@ -55,9 +55,7 @@ impl PriceTable {
             .filter(|(k, _)| model.starts_with(k.as_str()))
             .max_by_key(|(k, _)| k.len());
         match best {
-            Some((_, (i, o))) => {
-                (input_tokens as f64 * i + output_tokens as f64 * o) / 1_000_000.0
-            }
+            Some((_, (i, o))) => (input_tokens as f64 * i + output_tokens as f64 * o) / 1_000_000.0,
             None => {
                 warn!(model, "no price for this model; cost counted as 0");
                 0.0

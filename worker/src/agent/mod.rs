@@ -78,9 +78,13 @@ async fn scripted(
                 .map(|_| format!("wrote {p}")),
             Err(e) => Err(e.to_string()),
         };
-        transcript.push(json!({"tool": "write_file", "input": input, "result": format!("{result:?}")}));
+        transcript
+            .push(json!({"tool": "write_file", "input": input, "result": format!("{result:?}")}));
         if let Err(e) = result {
-            return fail(JobStatus::Error, format!("scripted write of `{path}` failed: {e}"));
+            return fail(
+                JobStatus::Error,
+                format!("scripted write of `{path}` failed: {e}"),
+            );
         }
     }
     transcript.push(json!({"role": "assistant", "output": step.output}));

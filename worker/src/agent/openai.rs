@@ -1,6 +1,8 @@
 //! The built-in agent loop over OpenAI-compatible chat completions.
 
-use super::llm::{json_from_text, post_with_retry, LlmError, LlmSettings, SUBMIT, SUBMIT_DESCRIPTION};
+use super::llm::{
+    json_from_text, post_with_retry, LlmError, LlmSettings, SUBMIT, SUBMIT_DESCRIPTION,
+};
 use super::{validate, AgentJob, AgentOutcome};
 use serde_json::{json, Value};
 use shared::messages::{JobStatus, LlmConfig, Usage};
@@ -54,8 +56,10 @@ async fn converse(
         .tools
         .definitions()
         .into_iter()
-        .map(|d| json!({"type": "function", "function":
-            {"name": d.name, "description": d.description, "parameters": d.schema}}))
+        .map(|d| {
+            json!({"type": "function", "function":
+            {"name": d.name, "description": d.description, "parameters": d.schema}})
+        })
         .collect();
     tools.push(json!({"type": "function", "function":
         {"name": SUBMIT, "description": SUBMIT_DESCRIPTION, "parameters": job.schema}}));
@@ -74,8 +78,14 @@ async fn converse(
             "messages": messages,
         });
         let resp = post_with_retry(http, &url, &headers, &body, settings, usage).await?;
-        usage.input_tokens += resp.pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
-        usage.output_tokens += resp.pointer("/usage/completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+        usage.input_tokens += resp
+            .pointer("/usage/prompt_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        usage.output_tokens += resp
+            .pointer("/usage/completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         let message = resp
             .pointer("/choices/0/message")
             .cloned()
@@ -87,7 +97,10 @@ async fn converse(
             .cloned()
             .unwrap_or_default();
         if calls.is_empty() {
-            let text = message.get("content").and_then(Value::as_str).unwrap_or_default();
+            let text = message
+                .get("content")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             if let Some(v) = json_from_text(text) {
                 match validate(job.schema, &v) {
                     Ok(()) => return Ok(Ok(v)),
@@ -100,7 +113,10 @@ async fn converse(
         }
         for call in calls {
             let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
-            let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+            let name = call
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             let args = call
                 .pointer("/function/arguments")
                 .and_then(Value::as_str)

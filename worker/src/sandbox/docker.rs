@@ -92,12 +92,21 @@ impl Sandbox for DockerSandbox {
             name: spec.name.clone(),
             platform: None,
         };
-        let created = match self.docker.create_container(Some(options.clone()), config.clone()).await {
+        let created = match self
+            .docker
+            .create_container(Some(options.clone()), config.clone())
+            .await
+        {
             Ok(c) => c,
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => {
                 // A leftover of an earlier delivery on this host: replace it.
                 warn!(container = %spec.name, "removing a leftover container of the same name");
-                let _ = self.docker.remove_container(&spec.name, Some(force())).await;
+                let _ = self
+                    .docker
+                    .remove_container(&spec.name, Some(force()))
+                    .await;
                 self.docker.create_container(Some(options), config).await?
             }
             Err(e) => return Err(e.into()),
@@ -107,7 +116,11 @@ impl Sandbox for DockerSandbox {
             id: created.id,
             limits: self.limits.clone(),
         };
-        if let Err(e) = self.docker.start_container::<String>(&session.id, None).await {
+        if let Err(e) = self
+            .docker
+            .start_container::<String>(&session.id, None)
+            .await
+        {
             let _ = session.remove().await;
             return Err(e.into());
         }
@@ -180,7 +193,10 @@ impl Session for DockerSession {
         let mut stderr = TailBuffer::new(self.limits.output_bytes);
         let run = async {
             match self.docker.start_exec(&exec.id, None).await? {
-                StartExecResults::Attached { mut output, mut input } => {
+                StartExecResults::Attached {
+                    mut output,
+                    mut input,
+                } => {
                     if let Some(bytes) = stdin {
                         input.write_all(&bytes).await?;
                         input.shutdown().await?;
@@ -212,7 +228,11 @@ impl Session for DockerSession {
             let _ = self.docker.kill_container::<String>(&self.id, None).await;
             124
         } else {
-            self.docker.inspect_exec(&exec.id).await?.exit_code.unwrap_or(-1)
+            self.docker
+                .inspect_exec(&exec.id)
+                .await?
+                .exit_code
+                .unwrap_or(-1)
         };
         Ok(ExecOutput {
             exit_code,
@@ -227,7 +247,9 @@ impl Session for DockerSession {
     async fn remove(&self) -> Result<(), SandboxError> {
         match self.docker.remove_container(&self.id, Some(force())).await {
             Ok(()) => Ok(()),
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }

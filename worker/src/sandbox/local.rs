@@ -56,7 +56,11 @@ impl Session for LocalSession {
             .env("HOME", std::env::temp_dir())
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("TZ", "UTC")
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -81,8 +85,12 @@ impl Session for LocalSession {
         };
         let work = async {
             let (o, e) = tokio::join!(
-                read_all(Box::new(&mut out_pipe as &mut (dyn tokio::io::AsyncRead + Unpin + Send))),
-                read_all(Box::new(&mut err_pipe as &mut (dyn tokio::io::AsyncRead + Unpin + Send)))
+                read_all(Box::new(
+                    &mut out_pipe as &mut (dyn tokio::io::AsyncRead + Unpin + Send)
+                )),
+                read_all(Box::new(
+                    &mut err_pipe as &mut (dyn tokio::io::AsyncRead + Unpin + Send)
+                ))
             );
             let status = child.wait().await?;
             Ok::<_, std::io::Error>((o?, e?, status))

@@ -1,0 +1,80 @@
+//! Prometheus metrics of a coordinator. Labels stay bounded.
+
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+
+#[derive(Clone)]
+pub struct CoordinatorMetrics {
+    pub registry: Registry,
+    pub runs_created: IntCounter,
+    pub runs_finished: IntCounterVec,
+    pub events: IntCounterVec,
+    pub cas_conflicts: IntCounter,
+    pub jobs_published: IntCounter,
+}
+
+impl CoordinatorMetrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let runs_created =
+            IntCounter::new("fleet_runs_created_total", "runs created").expect("valid metric");
+        let runs_finished = IntCounterVec::new(
+            Opts::new("fleet_runs_finished_total", "runs finished by status"),
+            &["status"],
+        )
+        .expect("valid metric");
+        let events = IntCounterVec::new(
+            Opts::new(
+                "fleet_events_total",
+                "events applied to runs, by what they did",
+            ),
+            &["applied"],
+        )
+        .expect("valid metric");
+        let cas_conflicts = IntCounter::new(
+            "fleet_state_conflicts_total",
+            "compare-and-set conflicts between coordinators",
+        )
+        .expect("valid metric");
+        let jobs_published = IntCounter::new(
+            "fleet_jobs_published_total",
+            "job messages confirmed by the broker",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(runs_created.clone()))
+            .expect("unique");
+        registry
+            .register(Box::new(runs_finished.clone()))
+            .expect("unique");
+        registry.register(Box::new(events.clone())).expect("unique");
+        registry
+            .register(Box::new(cas_conflicts.clone()))
+            .expect("unique");
+        registry
+            .register(Box::new(jobs_published.clone()))
+            .expect("unique");
+        Self {
+            registry,
+            runs_created,
+            runs_finished,
+            events,
+            cas_conflicts,
+            jobs_published,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for CoordinatorMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

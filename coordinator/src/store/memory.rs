@@ -1,0 +1,85 @@
+//! The embedded mode's run store: the same contract as Redis, in a mutex.
+
+use async_trait::async_trait;
+use shared::engine::RunState;
+use shared::ids::RunId;
+use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub struct MemoryRunStore {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    runs: BTreeMap<RunId, (RunState, u64)>,
+    order: Vec<RunId>,
+    outbox: VecDeque<String>,
+}
+
+fn encode(m: &OutboxMessage) -> String {
+    serde_json::to_string(m).expect("outbox message serializes")
+}
+
+#[async_trait]
+impl RunStore for MemoryRunStore {
+    async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        if g.runs.contains_key(&state.run_id) {
+            return Ok(false);
+        }
+        g.runs.insert(state.run_id.clone(), (state.clone(), 1));
+        g.order.push(state.run_id.clone());
+        g.outbox.extend(outbox.iter().map(encode));
+        Ok(true)
+    }
+
+    async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError> {
+        Ok(self
+            .inner
+            .lock()
+            .expect("store lock")
+            .runs
+            .get(run)
+            .cloned())
+    }
+
+    async fn commit(
+        &self,
+        state: &RunState,
+        version: u64,
+        outbox: &[OutboxMessage],
+    ) -> Result<CasOutcome, PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        match g.runs.get_mut(&state.run_id) {
+            Some((s, v)) if *v == version => {
+                *s = state.clone();
+                *v += 1;
+            }
+            _ => return Ok(CasOutcome::Conflict),
+        }
+        g.outbox.extend(outbox.iter().map(encode));
+        Ok(CasOutcome::Committed)
+    }
+
+    async fn list(&self) -> Result<Vec<RunId>, PortError> {
+        let g = self.inner.lock().expect("store lock");
+        Ok(g.order.iter().rev().cloned().collect())
+    }
+
+    async fn outbox_claim(&self, _owner: &str, max: usize) -> Result<Vec<String>, PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        let n = max.min(g.outbox.len());
+        Ok(g.outbox.drain(..n).collect())
+    }
+
+    async fn outbox_done(&self, _owner: &str, _raw: &str) -> Result<(), PortError> {
+        Ok(())
+    }
+
+    async fn outbox_recover(&self, _owner: &str) -> Result<usize, PortError> {
+        Ok(0)
+    }
+}

@@ -1,0 +1,128 @@
+//! The worker's loop: take a job, run it, store the result, publish the result envelope, and
+//! only then ack. A poison message (unreadable envelope or spec) is rejected and dead-lettered;
+//! a transient failure requeues the job (the delivery limit bounds how often).
+
+use crate::queue::{Broker, Incoming, QueueName};
+use crate::runner::{RunError, Runner};
+use shared::messages::{JobEnvelope, JobSpec, ResultEnvelope, WIRE_VERSION};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+/// Consumes jobs until `shutdown` fires; then waits for the jobs in hand to finish.
+pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: CancellationToken) {
+    match runner.sandbox.reap(&runner.config.id).await {
+        Ok(0) => {}
+        Ok(n) => info!(worker = %runner.config.id, removed = n, "reaped orphaned containers"),
+        Err(e) => {
+            warn!(worker = %runner.config.id, error = %e, "could not reap orphaned containers")
+        }
+    }
+    let concurrency = runner.config.concurrency.max(1);
+    let permits = Arc::new(Semaphore::new(concurrency));
+    let mut jobs = broker.subscribe(QueueName::Jobs, concurrency as u16);
+    info!(worker = %runner.config.id, concurrency, sandbox = runner.sandbox.name(), "worker ready");
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = permits.clone().acquire_owned() => p.expect("semaphore open"),
+        };
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = jobs.recv() => match m { Some(m) => m, None => break },
+        };
+        let runner = runner.clone();
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            handle(&runner, broker.as_ref(), msg).await;
+            drop(permit);
+        });
+    }
+    // Wait for the jobs in hand.
+    let _ = permits.acquire_many(concurrency as u32).await;
+    info!(worker = %runner.config.id, "worker stopped");
+}
+
+async fn handle(runner: &Runner, broker: &dyn Broker, msg: Incoming) {
+    let settled = |how: &str| runner.metrics.deliveries.with_label_values(&[how]).inc();
+    let env: JobEnvelope = match serde_json::from_slice(&msg.body) {
+        Ok(e) => e,
+        Err(e) => {
+            error!(error = %e, "poison message: not a job envelope; dead-lettering");
+            settled("rejected");
+            let _ = msg.reject().await;
+            return;
+        }
+    };
+    let spec: JobSpec = match runner.blobs.get_content(&env.spec_ref).await {
+        Ok(s) => s,
+        Err(crate::blobs::BlobError::Store(object_store::Error::NotFound { .. }))
+        | Err(crate::blobs::BlobError::Decode { .. })
+        | Err(crate::blobs::BlobError::Corrupt { .. }) => {
+            error!(job = %env.job_id, spec = %env.spec_ref, "poison job: spec missing or unreadable; dead-lettering");
+            settled("rejected");
+            let _ = msg.reject().await;
+            return;
+        }
+        Err(e) => {
+            warn!(job = %env.job_id, error = %e, "cannot read the job spec; requeueing");
+            requeue(msg, &settled).await;
+            return;
+        }
+    };
+    info!(job = %spec.job_id, attempt = spec.attempt, delivery = msg.delivery_count, node = %spec.node, "job started");
+    let result = match runner.run(&spec).await {
+        Ok(r) => r,
+        Err(RunError::Transient(reason)) => {
+            warn!(job = %spec.job_id, %reason, "job hit a transient failure; requeueing");
+            requeue(msg, &settled).await;
+            return;
+        }
+    };
+    let stored = async {
+        let key = runner
+            .blobs
+            .put_content(&result)
+            .await
+            .map_err(|e| e.to_string())?;
+        let envelope = ResultEnvelope {
+            v: WIRE_VERSION,
+            job_id: spec.job_id.clone(),
+            run_id: spec.run_id.clone(),
+            attempt: spec.attempt,
+            result_ref: key.clone(),
+        };
+        let body = serde_json::to_vec(&envelope).expect("envelope serializes");
+        broker
+            .publish(
+                QueueName::Results,
+                &body,
+                &format!("{}.a{}", spec.job_id, spec.attempt),
+            )
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    match stored {
+        Ok(()) => {
+            settled("acked");
+            if let Err(e) = msg.ack().await {
+                warn!(job = %spec.job_id, error = %e, "ack failed; the job will be redelivered and its result deduplicated");
+            }
+        }
+        Err(e) => {
+            warn!(job = %spec.job_id, error = %e, "could not report the result; requeueing");
+            requeue(msg, &settled).await;
+        }
+    }
+}
+
+async fn requeue(msg: Incoming, settled: &impl Fn(&str)) {
+    settled("requeued");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Err(e) = msg.requeue().await {
+        warn!(error = %e, "requeue failed; the broker will redeliver after the connection closes");
+    }
+}
