@@ -1,1 +1,5 @@
+//! Support for the integration tests: the process harness for the real stack and the fake LLM
+//! server that speaks the real wire formats.
+
 pub mod fake_llm;
+pub mod stack;

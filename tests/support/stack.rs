@@ -1,0 +1,408 @@
+//! The real stack for integration tests: a coordinator and workers started as separate `fleet`
+//! processes against the RabbitMQ, Redis and S3 servers that `scripts/provision.sh` started,
+//! each stack in its own namespace so tests can run side by side.
+
+use anyhow::{anyhow, bail, Context};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub const AMQP_URL: &str = "amqp://127.0.0.1:5672/%2f";
+pub const S3_ENDPOINT: &str = "http://127.0.0.1:9000";
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The `fleet` binary (built by the test command before the tests run).
+pub fn fleet_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("FLEET_BIN") {
+        return PathBuf::from(p);
+    }
+    workspace_root().join("target/debug/fleet")
+}
+
+/// Environment every process of a stack gets: the S3 endpoint and dummy credentials.
+pub fn base_env(ns: &str) -> Vec<(String, String)> {
+    [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ENDPOINT_URL", S3_ENDPOINT),
+        ("FLEET_STORE", "s3://fleet"),
+        ("FLEET_AMQP", AMQP_URL),
+        ("FLEET_REDIS", REDIS_URL),
+        ("FLEET_NAMESPACE", ns),
+        ("FLEET_LOG", "info,lapin=warn"),
+        ("RUST_BACKTRACE", "0"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+pub fn unique_namespace(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after epoch")
+        .subsec_nanos();
+    format!(
+        "t{}{}{}{}",
+        tag,
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst),
+        nanos % 100_000
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Proc {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+pub struct Stack {
+    pub ns: String,
+    pub server: String,
+    pub dir: tempfile::TempDir,
+    pub log_dir: PathBuf,
+    coordinator: Proc,
+    workers: BTreeMap<String, Proc>,
+    worker_env: Vec<(String, String)>,
+    http: reqwest::Client,
+}
+
+impl Stack {
+    /// Starts a coordinator and `workers` workers (`<ns>-w1`, `<ns>-w2`, ...).
+    pub async fn start(
+        tag: &str,
+        workers: usize,
+        worker_env: &[(&str, &str)],
+    ) -> anyhow::Result<Stack> {
+        let ns = unique_namespace(tag);
+        let log_dir = workspace_root().join("target/test-logs").join(&ns);
+        std::fs::create_dir_all(&log_dir)?;
+        let port = free_port();
+        let server = format!("http://127.0.0.1:{port}");
+        let coordinator = spawn(
+            &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
+            &base_env(&ns),
+            &log_dir.join("coordinator.log"),
+        )?;
+        let mut stack = Stack {
+            ns: ns.clone(),
+            server,
+            dir: tempfile::tempdir()?,
+            log_dir,
+            coordinator,
+            workers: BTreeMap::new(),
+            worker_env: worker_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            http: reqwest::Client::new(),
+        };
+        stack.wait_healthy().await?;
+        for i in 1..=workers {
+            let id = format!("{ns}-w{i}");
+            stack.start_worker(&id)?;
+        }
+        for id in stack.worker_ids() {
+            stack
+                .wait_for_log(&id, "consuming", Duration::from_secs(30))
+                .await?;
+        }
+        Ok(stack)
+    }
+
+    pub fn worker_ids(&self) -> Vec<String> {
+        self.workers.keys().cloned().collect()
+    }
+
+    pub fn start_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let mut env = base_env(&self.ns);
+        env.extend(self.worker_env.iter().cloned());
+        let work_dir = self.dir.path().join(format!("work-{id}"));
+        let log = self.log_dir.join(format!("{id}.log"));
+        // Keep earlier logs of the same worker id (restarts append).
+        let proc = spawn(
+            &[
+                "worker",
+                "--id",
+                id,
+                "--concurrency",
+                "2",
+                "--work-dir",
+                &work_dir.display().to_string(),
+            ],
+            &env,
+            &log,
+        )?;
+        self.workers.insert(id.to_string(), proc);
+        Ok(())
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let p = self
+            .workers
+            .get_mut(id)
+            .ok_or_else(|| anyhow!("no worker {id}"))?;
+        if let Some(mut c) = p.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    pub fn kill_coordinator(&mut self) -> anyhow::Result<()> {
+        if let Some(mut c) = self.coordinator.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    pub fn log(&self, id: &str) -> String {
+        let path = if id == "coordinator" {
+            self.coordinator.log.clone()
+        } else {
+            self.workers
+                .get(id)
+                .map(|p| p.log.clone())
+                .unwrap_or_default()
+        };
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    pub async fn wait_for_log(
+        &self,
+        id: &str,
+        needle: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log(id).contains(needle) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!(
+            "`{needle}` not in the log of {id} after {timeout:?}:\n{}",
+            self.log(id)
+        )
+    }
+
+    async fn wait_healthy(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(r) = self
+                .http
+                .get(format!("{}/healthz", self.server))
+                .send()
+                .await
+            {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("coordinator not healthy:\n{}", self.log("coordinator"))
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.server))
+            .send()
+            .await?;
+        let status = r.status();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("GET {path}: {status}: {v}");
+        }
+        Ok(v)
+    }
+
+    pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.server))
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("GET {path}: {}", r.status());
+        }
+        Ok(r.text().await?)
+    }
+
+    pub async fn artifact_json(&self, key: &str) -> anyhow::Result<Value> {
+        let text = self.get_text(&format!("/v1/artifacts/{key}")).await?;
+        serde_json::from_str(&text).with_context(|| format!("artifact {key} is not json"))
+    }
+
+    /// Polls the run until it is terminal; returns its status view.
+    pub async fn wait_run(&self, run: &str, timeout: Duration) -> anyhow::Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.get(&format!("/v1/runs/{run}")).await?;
+            if matches!(
+                v["status"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            ) {
+                return Ok(v);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "run {run} not finished after {timeout:?}: {v}\ncoordinator log:\n{}",
+                    self.log("coordinator")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Runs the `fleet` CLI against this stack.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<CliOutput> {
+        let mut env = base_env(&self.ns);
+        env.push(("FLEET_SERVER".into(), self.server.clone()));
+        run_cli(args, &env)
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for p in self
+            .workers
+            .values_mut()
+            .chain(std::iter::once(&mut self.coordinator))
+        {
+            if let Some(mut c) = p.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        for id in self.workers.keys() {
+            remove_containers(&format!("fleet.worker={id}"));
+        }
+    }
+}
+
+pub struct CliOutput {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run_cli(args: &[&str], env: &[(String, String)]) -> anyhow::Result<CliOutput> {
+    let out = Command::new(fleet_bin())
+        .args(args)
+        .envs(env.iter().cloned())
+        .current_dir(workspace_root())
+        .output()
+        .with_context(|| format!("cannot run {}", fleet_bin().display()))?;
+    Ok(CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+fn spawn(args: &[&str], env: &[(String, String)], log: &Path) -> anyhow::Result<Proc> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let child = Command::new(fleet_bin())
+        .args(args)
+        .envs(env.iter().cloned())
+        .current_dir(workspace_root())
+        .stdout(Stdio::from(file.try_clone()?))
+        .stderr(Stdio::from(file))
+        .spawn()
+        .with_context(|| format!("cannot start {} (build it first)", fleet_bin().display()))?;
+    Ok(Proc {
+        child: Some(child),
+        log: log.to_path_buf(),
+    })
+}
+
+/// Container ids matching a docker label filter (`key=value`), running or not.
+pub fn containers(label: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label={label}")])
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .filter(|l| !l.is_empty())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The value of a label on a container.
+pub fn container_label(id: &str, label: &str) -> Option<String> {
+    let out = Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            &format!("{{{{index .Config.Labels \"{label}\"}}}}"),
+            id,
+        ])
+        .output()
+        .ok()?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (!v.is_empty()).then_some(v)
+}
+
+fn remove_containers(label: &str) {
+    let ids = containers(label);
+    if !ids.is_empty() {
+        let _ = Command::new("docker")
+            .arg("rm")
+            .arg("-f")
+            .args(&ids)
+            .output();
+    }
+}
+
+/// A fresh git repository of `examples/factory-calc/repo` under `dir`.
+pub fn make_calc_repo(dir: &Path) -> anyhow::Result<PathBuf> {
+    let dest = dir.join("calc-repo");
+    let out = Command::new(workspace_root().join("examples/factory-calc/make-repo.sh"))
+        .arg(&dest)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "make-repo.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(dest)
+}
+
+pub fn example(path: &str) -> String {
+    workspace_root()
+        .join("examples")
+        .join(path)
+        .display()
+        .to_string()
+}
