@@ -56,6 +56,7 @@ fi
 if ! command -v moto_server >/dev/null; then
   log "installing moto[server] from PyPI"
   python3 -m pip install -q 'moto[server]'
+  command -v pyenv >/dev/null && pyenv rehash || true
 fi
 if ! curl -fs "http://127.0.0.1:$S3_PORT/" >/dev/null 2>&1; then
   log "starting moto_server on 127.0.0.1:$S3_PORT"

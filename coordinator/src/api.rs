@@ -110,6 +110,7 @@ pub fn status_view(s: &RunState) -> Value {
                 "status": outcome.map(|o| o.status), "worker": outcome.map(|o| o.worker.clone()),
                 "started_at": outcome.map(|o| o.started_at.clone()),
                 "ended_at": outcome.map(|o| o.finished_at.clone()),
+                "container_seconds": outcome.map(|o| o.container_seconds),
                 "error": outcome.and_then(|o| o.error.clone()),
             })
         })

@@ -113,6 +113,9 @@ impl Coordinator {
     ) -> Result<bool, DriverError> {
         let t = engine::apply(bundle, &state, &Event::Start { at: now() }, &assembler)?;
         let outbox = self.outbox_for(&t.effects).await?;
+        if finishes(&t.effects) {
+            self.write_results(&t.state).await?;
+        }
         let created = self.store.create(&t.state, &outbox).await?;
         if created {
             self.after_commit(&t.state, &t.effects).await;
@@ -123,8 +126,13 @@ impl Coordinator {
     }
 
     /// Applies one event with optimistic concurrency: reload and retry on conflict.
+    ///
+    /// A finishing transition writes the run's result files *before* its commit, so that a
+    /// client that sees the run finished can read them. A coordinator that wrote them and then
+    /// lost the race puts the files back in line with the committed state.
     pub async fn apply(&self, run: &RunId, event: &Event) -> Result<Applied, DriverError> {
-        loop {
+        let mut wrote_results = false;
+        let outcome = loop {
             let (state, version) = self
                 .store
                 .load(run)
@@ -138,9 +146,13 @@ impl Coordinator {
                     .with_label_values(&[applied_label(&t.applied)])
                     .inc();
                 debug!(run = %run, applied = ?t.applied, "event changed nothing");
-                return Ok(t.applied);
+                break t.applied;
             }
             let outbox = self.outbox_for(&t.effects).await?;
+            if finishes(&t.effects) {
+                self.write_results(&t.state).await?;
+                wrote_results = true;
+            }
             match self.store.commit(&t.state, version, &outbox).await? {
                 CasOutcome::Committed => {
                     self.metrics.events.with_label_values(&["changed"]).inc();
@@ -155,36 +167,59 @@ impl Coordinator {
                     debug!(run = %run, "state changed under us; re-applying");
                 }
             }
+        };
+        if wrote_results {
+            let committed = self.load(run).await?;
+            if committed.status.is_terminal() {
+                self.write_results(&committed).await?;
+            } else {
+                self.remove_results(&committed).await;
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn result_files(state: &RunState) -> Vec<(String, serde_json::Value)> {
+        let Some(result) = &state.result else {
+            return Vec::new();
+        };
+        let prefix = format!("runs/{}/", state.run_id);
+        let mut files = vec![(format!("{prefix}result.json"), result.clone())];
+        if state.graph_name == "factory" && result.get("verdict").is_some() {
+            files.push((format!("{prefix}run_summary.json"), result.clone()));
+        }
+        files
+    }
+
+    async fn write_results(&self, state: &RunState) -> Result<(), DriverError> {
+        for (key, value) in Self::result_files(state) {
+            self.blobs.put_json(&key, &value).await?;
+        }
+        Ok(())
+    }
+
+    async fn remove_results(&self, state: &RunState) {
+        let prefix = format!("runs/{}/", state.run_id);
+        for name in ["result.json", "run_summary.json"] {
+            if let Err(e) = self.blobs.delete(&format!("{prefix}{name}")).await {
+                warn!(run = %state.run_id, error = %e, "could not remove a result file of a lost race");
+            }
         }
     }
 
-    /// Mirrors the state to object storage (a run can be recovered if Redis loses it) and writes
-    /// the result files of a finished run.
+    /// Mirrors the state to object storage, so a run can be recovered if Redis loses it.
     async fn after_commit(&self, state: &RunState, effects: &[Effect]) {
-        let prefix = format!("runs/{}/", state.run_id);
-        if let Err(e) = self
-            .blobs
-            .put_json(&format!("{prefix}state.json"), state)
-            .await
-        {
+        let key = format!("runs/{}/state.json", state.run_id);
+        if let Err(e) = self.blobs.put_json(&key, state).await {
             warn!(run = %state.run_id, error = %e, "could not mirror run state to object storage");
         }
         for fx in effects {
-            if let Effect::Finished { status, result } = fx {
+            if let Effect::Finished { status, .. } = fx {
                 info!(run = %state.run_id, status = ?status, "run finished");
                 self.metrics
                     .runs_finished
                     .with_label_values(&[&format!("{status:?}").to_lowercase()])
                     .inc();
-                let mut writes = vec![(format!("{prefix}result.json"), result.clone())];
-                if state.graph_name == "factory" && result.get("verdict").is_some() {
-                    writes.push((format!("{prefix}run_summary.json"), result.clone()));
-                }
-                for (key, value) in writes {
-                    if let Err(e) = self.blobs.put_json(&key, &value).await {
-                        error!(run = %state.run_id, key, error = %e, "could not store the run result");
-                    }
-                }
             }
         }
     }
@@ -354,6 +389,10 @@ impl Coordinator {
         let dead = tokio::spawn(self.clone().consume(QueueName::DeadJobs, shutdown.clone()));
         let _ = tokio::join!(relay, results, dead);
     }
+}
+
+fn finishes(effects: &[Effect]) -> bool {
+    effects.iter().any(|e| matches!(e, Effect::Finished { .. }))
 }
 
 enum HandleError {

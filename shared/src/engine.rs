@@ -80,6 +80,9 @@ pub struct Outcome {
     pub worker: String,
     pub started_at: String,
     pub finished_at: String,
+    /// Seconds the job's container lived (create to remove); 0 for jobs without one.
+    #[serde(default)]
+    pub container_seconds: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -283,6 +286,7 @@ pub fn apply(
                 worker: result.worker.clone(),
                 started_at: result.started_at.clone(),
                 finished_at: result.finished_at.clone(),
+                container_seconds: result.container_seconds,
             };
             finish_job(&mut next, &result.job_id, at);
             if let Some(pack) = &result.pack {

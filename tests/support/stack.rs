@@ -257,8 +257,18 @@ impl Stack {
         serde_json::from_str(&text).with_context(|| format!("artifact {key} is not json"))
     }
 
-    /// Polls the run until it is terminal; returns its status view.
+    /// Polls the run every 100 ms until it is terminal; returns its status view.
     pub async fn wait_run(&self, run: &str, timeout: Duration) -> anyhow::Result<Value> {
+        self.wait_run_every(run, timeout, Duration::from_millis(100))
+            .await
+    }
+
+    pub async fn wait_run_every(
+        &self,
+        run: &str,
+        timeout: Duration,
+        every: Duration,
+    ) -> anyhow::Result<Value> {
         let deadline = Instant::now() + timeout;
         loop {
             let v = self.get(&format!("/v1/runs/{run}")).await?;
@@ -274,7 +284,7 @@ impl Stack {
                     self.log("coordinator")
                 );
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(every).await;
         }
     }
 

@@ -92,6 +92,13 @@ impl Blobs {
         }
     }
 
+    pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        match self.store.delete(&ObjPath::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub async fn put_json(&self, key: &str, value: &impl Serialize) -> Result<(), BlobError> {
         let bytes = serde_json::to_vec_pretty(value).expect("serializable value");
         self.put(key, bytes).await
