@@ -109,9 +109,10 @@ pub struct WorkerArgs {
 
 #[derive(Args, Clone)]
 pub struct WorkerSettings {
-    /// Stable id: containers are labelled with it and reaped by it after a restart.
-    #[arg(long, env = "FLEET_WORKER_ID", default_value = "worker")]
-    pub id: String,
+    /// Stable id: containers are labelled with it and reaped by it after a restart
+    /// (default: the host name).
+    #[arg(long, env = "FLEET_WORKER_ID")]
+    pub id: Option<String>,
     #[arg(long, env = "FLEET_CONCURRENCY", default_value_t = 2)]
     pub concurrency: usize,
     #[arg(long, env = "FLEET_WORK_DIR")]
@@ -130,6 +131,16 @@ pub struct WorkerSettings {
 }
 
 impl WorkerSettings {
+    pub fn id(&self) -> String {
+        self.id.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .ok()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "worker".to_string())
+        })
+    }
+
     pub fn config(&self) -> anyhow::Result<WorkerConfig> {
         let mut prices = PriceTable::with_defaults();
         if let Ok(extra) = std::env::var("FLEET_PRICES") {
@@ -147,11 +158,10 @@ impl WorkerSettings {
             ..defaults
         };
         Ok(WorkerConfig {
-            id: self.id.clone(),
-            work_dir: self
-                .work_dir
-                .clone()
-                .unwrap_or_else(|| std::env::temp_dir().join(format!("fleet-worker-{}", self.id))),
+            id: self.id(),
+            work_dir: self.work_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("fleet-worker-{}", self.id()))
+            }),
             concurrency: self.concurrency,
             sandbox_user: self.sandbox_user.clone(),
             llm,

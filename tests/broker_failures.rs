@@ -1,0 +1,146 @@
+//! Poison jobs and a broker restart, on the real stack. These tests touch the shared RabbitMQ
+//! server (the restart stops it for a moment), so they live in their own test binary, which
+//! cargo runs after the others, one test at a time.
+
+use fleet_tests::stack::{containers, example, make_calc_repo, Stack, AMQP_URL};
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde_json::{json, Value};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One test at a time in this binary: a broker restart must not hit another test's stack.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+async fn slow_run(stack: &Stack, delay: f64) -> anyhow::Result<String> {
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let mut script: Value = serde_json::from_str(&std::fs::read_to_string(example(
+        "factory-calc/script-pass.json",
+    ))?)?;
+    script["se"][0]["delay_seconds"] = json!(delay);
+    let path = stack.dir.path().join("slow.json");
+    std::fs::write(&path, serde_json::to_vec(&script)?)?;
+    let out = stack.cli(&[
+        "submit",
+        "--repo",
+        &repo,
+        "--work-order",
+        &example("factory-calc/work_order.json"),
+        "--script",
+        &path.display().to_string(),
+    ])?;
+    anyhow::ensure!(out.code == 0, "{}", out.stderr);
+    Ok(out.stdout.trim().to_string())
+}
+
+async fn wait_for_container(label: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while containers(label).is_empty() {
+        anyhow::ensure!(Instant::now() < deadline, "no container with {label}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+async fn publish_raw(queue: &str, body: &[u8]) -> anyhow::Result<()> {
+    let conn = Connection::connect(AMQP_URL, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(Default::default()).await?;
+    ch.basic_publish(
+        "",
+        queue,
+        BasicPublishOptions::default(),
+        body,
+        BasicProperties::default().with_delivery_mode(2),
+    )
+    .await?
+    .await?;
+    conn.close(200, "done").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_jobs_are_dead_lettered_and_fail_their_run_with_a_clear_reason() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let stack = Stack::start("poison", 1, &[]).await?;
+    let jobs = format!("{}.jobs", stack.ns);
+
+    // Not even an envelope: the worker dead-letters it, the coordinator drops it, nothing breaks.
+    publish_raw(&jobs, b"this is not json").await?;
+    stack
+        .wait_for_log(
+            &format!("{}-w1", stack.ns),
+            "poison message",
+            Duration::from_secs(20),
+        )
+        .await?;
+    stack
+        .wait_for_log(
+            "coordinator",
+            "dropping a poison message",
+            Duration::from_secs(20),
+        )
+        .await?;
+
+    // An envelope for a real pending job whose spec cannot be read.
+    let run = slow_run(&stack, 3.0).await?;
+    wait_for_container(&format!("fleet.job={run}.se.1")).await?;
+    let forged = json!({"v": 1, "job_id": format!("{run}.se.1"), "run_id": run, "attempt": 1,
+        "spec_ref": format!("blobs/{}", "0".repeat(64))});
+    publish_raw(&jobs, &serde_json::to_vec(&forged)?).await?;
+    let status = stack.wait_run(&run, Duration::from_secs(60)).await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    let result = stack.get(&format!("/v1/runs/{run}/result")).await?;
+    assert_eq!(result["result"]["reason"], "job_dead_lettered", "{result}");
+    assert_eq!(result["result"]["node"], "se");
+    assert!(stack
+        .log(&format!("{}-w1", stack.ns))
+        .contains("poison job"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_run_is_survived_by_coordinator_and_workers() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let stack = Stack::start("restart", 2, &[]).await?;
+    let run = slow_run(&stack, 3.0).await?;
+    wait_for_container(&format!("fleet.job={run}.se.1")).await?;
+
+    let ctl = |args: &[&str]| -> anyhow::Result<()> {
+        let out = Command::new("rabbitmqctl").args(args).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "rabbitmqctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    ctl(&["stop_app"])?;
+    tokio::time::sleep(Duration::from_secs(4)).await; // the job finishes while the broker is down
+    ctl(&["start_app"])?;
+    ctl(&["await_startup"])?;
+
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    let nodes: Vec<&str> = logs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["node"].as_str())
+        .collect();
+    assert_eq!(
+        nodes,
+        vec!["se", "tr", "po"],
+        "each node has exactly one result"
+    );
+    // Both sides went through their own reconnect loop.
+    assert!(stack.log("coordinator").contains("reconnecting"));
+    assert!(stack
+        .worker_ids()
+        .iter()
+        .any(|w| stack.log(w).contains("reconnecting")));
+    Ok(())
+}
