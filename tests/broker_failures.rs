@@ -7,11 +7,10 @@ use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{json, Value};
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// One test at a time in this binary: a broker restart must not hit another test's stack.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn slow_run(stack: &Stack, delay: f64) -> anyhow::Result<String> {
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
@@ -63,7 +62,7 @@ async fn publish_raw(queue: &str, body: &[u8]) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_jobs_are_dead_lettered_and_fail_their_run_with_a_clear_reason() -> anyhow::Result<()>
 {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let stack = Stack::start("poison", 1, &[]).await?;
     let jobs = format!("{}.jobs", stack.ns);
 
@@ -103,7 +102,7 @@ async fn poison_jobs_are_dead_lettered_and_fail_their_run_with_a_clear_reason() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_mid_run_is_survived_by_coordinator_and_workers() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let stack = Stack::start("restart", 2, &[]).await?;
     let run = slow_run(&stack, 3.0).await?;
     wait_for_container(&format!("fleet.job={run}.se.1")).await?;
