@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fleet_tests::fake_llm::{FakeLlm, Reply, ScriptedReply};
+use fleet_tests::fake_llm::{Conversation, FakeLlm, Reply, ScriptedReply};
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
@@ -501,5 +501,383 @@ async fn binary_serves_a_script_file() -> anyhow::Result<()> {
     assert_eq!(response.status().as_u16(), 200);
     let body: Value = response.json().await?;
     assert_eq!(body["content"][0]["text"], "from file");
+    Ok(())
+}
+
+// ---- conversations keyed by prompt ----
+
+const ALPHA: &str = "[task:alpha]";
+const BETA: &str = "[task:beta]";
+
+/// Two conversations, each a tool call then a text answer.
+fn two_conversations() -> Vec<Conversation> {
+    vec![
+        Conversation::new(
+            ALPHA,
+            vec![
+                ScriptedReply::tool_use("read_file", json!({ "path": "alpha.txt" })),
+                ScriptedReply::text("alpha done"),
+            ],
+        ),
+        Conversation::new(
+            BETA,
+            vec![
+                ScriptedReply::tool_use("read_file", json!({ "path": "beta.txt" })),
+                ScriptedReply::text("beta done"),
+            ],
+        ),
+    ]
+}
+
+fn conversations_of(fake: &FakeLlm) -> Vec<Option<String>> {
+    fake.requests()
+        .iter()
+        .map(|r| r.conversation.clone())
+        .collect()
+}
+
+fn error_message(answer: &Answer) -> &str {
+    answer.body["error"]["message"].as_str().unwrap_or("")
+}
+
+/// The first Anthropic turn's follow-up: the tool result for the tool_use in `reply`.
+fn anthropic_follow_up(first_user: &Value, reply: &Value) -> Value {
+    let tool_id = reply["content"][0]["id"].clone();
+    anthropic_request(json!([
+        first_user,
+        { "role": "assistant", "content": reply["content"] },
+        { "role": "user", "content": [
+            { "type": "tool_result", "tool_use_id": tool_id, "content": "contents" }
+        ] },
+    ]))
+}
+
+#[tokio::test]
+async fn anthropic_conversations_interleave() -> anyhow::Result<()> {
+    let fake = FakeLlm::start_conversations(two_conversations(), Duration::ZERO).await?;
+    assert_eq!(fake.remaining(), 4);
+    let alpha_user = user(&format!("you are agent {ALPHA}: read the file"));
+    // content as a list of blocks: the key is looked for in their concatenated text
+    let beta_user = json!({ "role": "user", "content": [
+        { "type": "text", "text": "you are agent " },
+        { "type": "text", "text": format!("{BETA}: read the file") },
+    ] });
+
+    let alpha_1 = anthropic(&fake, &anthropic_request(json!([alpha_user]))).await?;
+    let beta_1 = anthropic(&fake, &anthropic_request(json!([beta_user]))).await?;
+    assert_eq!((alpha_1.status, beta_1.status), (200, 200));
+    assert_eq!(alpha_1.body["content"][0]["input"]["path"], "alpha.txt");
+    assert_eq!(beta_1.body["content"][0]["input"]["path"], "beta.txt");
+
+    let alpha_2 = anthropic(&fake, &anthropic_follow_up(&alpha_user, &alpha_1.body)).await?;
+    let beta_2 = anthropic(&fake, &anthropic_follow_up(&beta_user, &beta_1.body)).await?;
+    assert_eq!(alpha_2.status, 200);
+    assert_eq!(alpha_2.body["content"][0]["text"], "alpha done");
+    assert_eq!(beta_2.status, 200);
+    assert_eq!(beta_2.body["content"][0]["text"], "beta done");
+
+    assert_eq!(fake.remaining(), 0);
+    assert_eq!(fake.remaining_in(ALPHA), Some(0));
+    assert_eq!(fake.remaining_in("unknown"), None);
+    let alpha = Some(ALPHA.to_string());
+    let beta = Some(BETA.to_string());
+    assert_eq!(
+        conversations_of(&fake),
+        vec![alpha.clone(), beta.clone(), alpha, beta]
+    );
+    assert_eq!(statuses(&fake), vec![200, 200, 200, 200]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn openai_conversations_interleave() -> anyhow::Result<()> {
+    let fake = FakeLlm::start_conversations(two_conversations(), Duration::ZERO).await?;
+    // the system message comes first; the key is looked for in the first user message
+    let system = json!({ "role": "system", "content": format!("shared system prompt {BETA}") });
+    let alpha_user = user(&format!("you are agent {ALPHA}"));
+    let beta_user = json!({ "role": "user", "content": [
+        { "type": "text", "text": format!("you are agent {BETA}") },
+    ] });
+
+    let alpha_1 = openai(&fake, &openai_request(json!([system, alpha_user]))).await?;
+    let beta_1 = openai(&fake, &openai_request(json!([system, beta_user]))).await?;
+    let path_of = |answer: &Answer| -> anyhow::Result<Value> {
+        let call = &answer.body["choices"][0]["message"]["tool_calls"][0];
+        let arguments = call["function"]["arguments"].as_str().unwrap_or("null");
+        Ok(serde_json::from_str::<Value>(arguments)?["path"].clone())
+    };
+    assert_eq!((alpha_1.status, beta_1.status), (200, 200));
+    assert_eq!(path_of(&alpha_1)?, "alpha.txt");
+    assert_eq!(path_of(&beta_1)?, "beta.txt");
+
+    let follow_up = |first_user: &Value, reply: &Answer| {
+        let message = reply.body["choices"][0]["message"].clone();
+        let call_id = message["tool_calls"][0]["id"].clone();
+        openai_request(json!([
+            system,
+            first_user,
+            message,
+            { "role": "tool", "tool_call_id": call_id, "content": "contents" },
+        ]))
+    };
+    let alpha_2 = openai(&fake, &follow_up(&alpha_user, &alpha_1)).await?;
+    let beta_2 = openai(&fake, &follow_up(&beta_user, &beta_1)).await?;
+    assert_eq!(
+        alpha_2.body["choices"][0]["message"]["content"],
+        "alpha done"
+    );
+    assert_eq!(beta_2.body["choices"][0]["message"]["content"], "beta done");
+
+    assert_eq!(fake.remaining(), 0);
+    let alpha = Some(ALPHA.to_string());
+    let beta = Some(BETA.to_string());
+    assert_eq!(
+        conversations_of(&fake),
+        vec![alpha.clone(), beta.clone(), alpha, beta]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn parallel_conversations_get_their_own_replies() -> anyhow::Result<()> {
+    let keys: Vec<String> = (0..12).map(|i| format!("<agent-{i}>")).collect();
+    let convs = keys
+        .iter()
+        .map(|key| {
+            let replies = (0..3)
+                .map(|turn| ScriptedReply::text(format!("{key} turn {turn}")))
+                .collect();
+            Conversation::new(key.clone(), replies)
+        })
+        .collect();
+    let fake =
+        std::sync::Arc::new(FakeLlm::start_conversations(convs, Duration::from_millis(5)).await?);
+    let mut tasks = Vec::new();
+    for key in keys.clone() {
+        let fake = fake.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut texts = Vec::new();
+            for _ in 0..3 {
+                let request = anthropic_request(json!([user(&format!("hello {key}"))]));
+                let answer = anthropic(&fake, &request).await?;
+                texts.push(answer.body["content"][0]["text"].clone());
+            }
+            anyhow::Ok((key, texts))
+        }));
+    }
+    for task in tasks {
+        let (key, texts) = task.await??;
+        let expected: Vec<Value> = (0..3)
+            .map(|turn| json!(format!("{key} turn {turn}")))
+            .collect();
+        assert_eq!(texts, expected);
+    }
+    assert_eq!(fake.remaining(), 0);
+    assert_eq!(fake.requests().len(), 36);
+    Ok(())
+}
+
+#[tokio::test]
+async fn unmatched_prompt_is_500_and_consumes_nothing() -> anyhow::Result<()> {
+    let fake = FakeLlm::start_conversations(two_conversations(), Duration::ZERO).await?;
+
+    let answer = anthropic(&fake, &anthropic_request(json!([user("nobody")]))).await?;
+    assert_eq!(answer.status, 500);
+    assert_eq!(answer.body["error"]["type"], "api_error");
+    assert!(error_message(&answer).contains("no conversation matches"));
+
+    // the key only in the system prompt or in a later message does not count
+    let request = openai_request(json!([
+        { "role": "system", "content": ALPHA },
+        user("nobody"),
+        { "role": "assistant", "content": "who?" },
+        user(ALPHA),
+    ]));
+    let answer = openai(&fake, &request).await?;
+    assert_eq!(answer.status, 500);
+    assert_eq!(answer.body["error"]["type"], "server_error");
+    assert!(error_message(&answer).contains("no conversation matches"));
+
+    // a request of a known conversation that fails validation consumes nothing either
+    let broken = anthropic_request(json!([
+        user(ALPHA),
+        { "role": "assistant", "content": [
+            { "type": "tool_use", "id": "toolu_x", "name": "read_file", "input": {} }
+        ] },
+        user("and?"),
+    ]));
+    assert_eq!(anthropic(&fake, &broken).await?.status, 400);
+
+    assert_eq!(fake.remaining(), 4);
+    assert_eq!(fake.remaining_in(ALPHA), Some(2));
+    assert_eq!(statuses(&fake), vec![500, 500, 400]);
+    assert_eq!(conversations_of(&fake), vec![None, None, None]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn unmatched_prompt_falls_back_to_the_shared_queue() -> anyhow::Result<()> {
+    let fake = FakeLlm::start_conversations_with(
+        vec![ScriptedReply::text("shared")],
+        two_conversations(),
+        0,
+        Duration::ZERO,
+    )
+    .await?;
+    let answer = anthropic(&fake, &anthropic_request(json!([user("nobody")]))).await?;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body["content"][0]["text"], "shared");
+
+    let answer = anthropic(&fake, &anthropic_request(json!([user("nobody")]))).await?;
+    assert_eq!(answer.status, 500);
+    assert!(error_message(&answer).contains("no conversation matches"));
+
+    let answer = anthropic(&fake, &anthropic_request(json!([user(BETA)]))).await?;
+    assert_eq!(answer.body["content"][0]["input"]["path"], "beta.txt");
+    assert_eq!(
+        conversations_of(&fake),
+        vec![None, None, Some(BETA.to_string())]
+    );
+    assert_eq!(fake.remaining(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn exhausted_conversation_is_500_without_taking_from_others() -> anyhow::Result<()> {
+    let fake = FakeLlm::start_conversations_with(
+        vec![ScriptedReply::text("shared")],
+        vec![
+            Conversation::new("short", vec![ScriptedReply::text("once")]),
+            Conversation::new("other", vec![ScriptedReply::text("other")]),
+        ],
+        0,
+        Duration::ZERO,
+    )
+    .await?;
+    let request = anthropic_request(json!([user("the short one")]));
+    assert_eq!(anthropic(&fake, &request).await?.status, 200);
+    let exhausted = anthropic(&fake, &request).await?;
+    assert_eq!(exhausted.status, 500);
+    assert!(error_message(&exhausted).contains("exhausted"));
+    assert!(error_message(&exhausted).contains("short"));
+    assert_eq!(fake.remaining(), 2);
+    assert_eq!(
+        conversations_of(&fake),
+        vec![Some("short".to_string()), Some("short".to_string())]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_longest_matching_key_wins() -> anyhow::Result<()> {
+    let fake = FakeLlm::start_conversations(
+        vec![
+            Conversation::new("task-1", vec![ScriptedReply::text("one")]),
+            Conversation::new("task-10", vec![ScriptedReply::text("ten")]),
+        ],
+        Duration::ZERO,
+    )
+    .await?;
+    let ten = anthropic(&fake, &anthropic_request(json!([user("do task-10")]))).await?;
+    assert_eq!(ten.body["content"][0]["text"], "ten");
+    let one = anthropic(&fake, &anthropic_request(json!([user("do task-1")]))).await?;
+    assert_eq!(one.body["content"][0]["text"], "one");
+    Ok(())
+}
+
+#[tokio::test]
+async fn duplicate_or_empty_keys_are_refused_at_start() {
+    let duplicate = FakeLlm::start_conversations(
+        vec![
+            Conversation::new("same", vec![ScriptedReply::text("a")]),
+            Conversation::new("same", vec![ScriptedReply::text("b")]),
+        ],
+        Duration::ZERO,
+    )
+    .await;
+    let error = duplicate.err().expect("duplicate keys are an error");
+    assert!(error.to_string().contains("duplicate"), "{error}");
+
+    let empty =
+        FakeLlm::start_conversations(vec![Conversation::new("", vec![])], Duration::ZERO).await;
+    assert!(empty.is_err());
+}
+
+#[tokio::test]
+async fn delay_applies_to_conversations() -> anyhow::Result<()> {
+    let delay = Duration::from_millis(300);
+    let fake = FakeLlm::start_conversations(two_conversations(), delay).await?;
+    let started = Instant::now();
+    let answer = anthropic(&fake, &anthropic_request(json!([user(ALPHA)]))).await?;
+    assert_eq!(answer.status, 200);
+    assert!(started.elapsed() >= delay);
+
+    let started = Instant::now();
+    let unmatched = openai(&fake, &openai_request(json!([user("nobody")]))).await?;
+    assert_eq!(unmatched.status, 500);
+    assert!(started.elapsed() >= delay);
+    Ok(())
+}
+
+#[tokio::test]
+async fn conversations_parse_from_json() -> anyhow::Result<()> {
+    let convs: Vec<Conversation> = serde_json::from_value(json!([
+        { "key": "a", "replies": [{ "reply": { "type": "text", "text": "x" } }] },
+        { "key": "b", "replies": [] },
+    ]))?;
+    assert_eq!(
+        convs,
+        vec![
+            Conversation::new("a", vec![ScriptedReply::text("x")]),
+            Conversation::new("b", vec![]),
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn binary_serves_a_conversations_file() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("conversations.json");
+    std::fs::write(&path, serde_json::to_string(&two_conversations())?)?;
+
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_fake-llm"))
+            .arg("--conversations")
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .spawn()?,
+    );
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let first_line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await??;
+    let base_url = first_line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("first line announces the address")
+        .to_string();
+
+    let ask = |prompt: &str| {
+        reqwest::Client::new()
+            .post(format!("{base_url}/v1/chat/completions"))
+            .bearer_auth("k")
+            .json(&openai_request(json!([user(prompt)])))
+            .send()
+    };
+    let beta: Value = ask(BETA).await?.json().await?;
+    let call = &beta["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert!(call["arguments"]
+        .as_str()
+        .is_some_and(|a| a.contains("beta.txt")));
+    let alpha: Value = ask(ALPHA).await?.json().await?;
+    let call = &alpha["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert!(call["arguments"]
+        .as_str()
+        .is_some_and(|a| a.contains("alpha.txt")));
+    let unmatched = ask("nobody").await?;
+    assert_eq!(unmatched.status().as_u16(), 500);
     Ok(())
 }

@@ -21,6 +21,7 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
         .route("/v1/runs/:id", get(run_status))
         .route("/v1/runs/:id/result", get(run_result))
         .route("/v1/runs/:id/cancel", post(cancel_run))
+        .route("/v1/runs/:id/approvals/:node", post(decide))
         .route("/v1/runs/:id/logs", get(run_logs))
         .route("/v1/runs/:id/artifacts", get(list_artifacts))
         .route("/v1/artifacts/*key", get(get_artifact))
@@ -115,8 +116,17 @@ pub fn status_view(s: &RunState) -> Value {
             })
         })
         .collect();
+    let joins: serde_json::Map<String, Value> = s
+        .joins
+        .iter()
+        .map(|(n, j)| (n.to_string(), json!({"fired": j.fired, "arrived": j.arrived.keys().collect::<Vec<_>>(), "expected": j.expected})))
+        .collect();
     json!({
         "run_id": s.run_id, "graph": s.graph_name, "status": s.status,
+        "awaiting_approval": s.awaiting_approval(),
+        "approvals": s.approvals,
+        "joins": joins,
+        "branches": s.branches.len(),
         "visits": s.visits, "jobs": jobs, "usage": s.usage,
         "repo": {"url": s.repo.url, "base_commit": s.repo.base_commit},
         "meta": s.meta,
@@ -157,6 +167,50 @@ async fn cancel_run(
     c.cancel(&run).await?;
     let s = c.load(&run).await?;
     Ok(Json(json!({"run_id": run, "status": s.status})))
+}
+
+#[derive(serde::Deserialize)]
+struct DecideBody {
+    approved: bool,
+    #[serde(default)]
+    by: String,
+    #[serde(default)]
+    comment: String,
+}
+
+async fn decide(
+    State(c): State<Arc<Coordinator>>,
+    Path((id, node)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let run = RunId::new(id);
+    let d: DecideBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("malformed decision: {e}"),
+            vec![],
+        )
+    })?;
+    let state = c.load(&run).await?;
+    if !state
+        .approvals
+        .contains_key(&shared::ids::NodeId::new(node.clone()))
+    {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("node `{node}` of run `{run}` is not awaiting approval"),
+            vec![],
+        ));
+    }
+    let applied = c.decide(&run, &node, d.approved, &d.by, &d.comment).await?;
+    let s = c.load(&run).await?;
+    let applied = match applied {
+        shared::engine::Applied::Changed => "decided",
+        _ => "already decided",
+    };
+    Ok(Json(
+        json!({"run_id": run, "node": node, "applied": applied, "status": s.status}),
+    ))
 }
 
 async fn run_logs(

@@ -52,6 +52,8 @@ pub enum Cmd {
     Artifacts(ArtifactsArgs),
     /// Cancel a run.
     Cancel(RunRef),
+    /// Approve (or reject) a run's approval node.
+    Approve(ApproveArgs),
     /// List runs.
     List(ServerArg),
     /// Run a graph to the end in this process (embedded mode: no RabbitMQ, Redis or S3).
@@ -67,8 +69,14 @@ pub enum Cmd {
 pub enum GraphCmd {
     /// Run the static checker on a graph file.
     Check { file: PathBuf },
-    /// Print the graph as a Mermaid flowchart.
-    Show { file: PathBuf },
+    /// Print the graph as a Mermaid flowchart; with --run, coloured by the run's node states.
+    Show {
+        file: PathBuf,
+        #[arg(long)]
+        run: Option<String>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -186,6 +194,22 @@ pub struct RunRef {
     pub run_id: String,
     #[command(flatten)]
     pub server: ServerArg,
+}
+
+#[derive(Args)]
+pub struct ApproveArgs {
+    pub run_id: String,
+    pub node: String,
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// Reject instead of approving.
+    #[arg(long)]
+    pub reject: bool,
+    #[arg(long, default_value = "")]
+    pub comment: String,
+    /// Who decides (default: $USER).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    pub by: String,
 }
 
 #[derive(Args)]
@@ -431,6 +455,16 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             println!("{}", v["status"].as_str().unwrap_or_default());
             Ok(0)
         }
+        Cmd::Approve(a) => {
+            let v = client_post(
+                &a.server.server,
+                &format!("/v1/runs/{}/approvals/{}", a.run_id, a.node),
+                &json!({"approved": !a.reject, "by": a.by, "comment": a.comment}),
+            )
+            .await?;
+            println!("{}: {}", a.node, v["applied"].as_str().unwrap_or_default());
+            Ok(0)
+        }
         Cmd::List(s) => {
             let v = client_get(&s.server, "/v1/runs").await?;
             for r in v.as_array().cloned().unwrap_or_default() {
@@ -451,11 +485,16 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
                 println!("{}: ok ({} nodes)", file.display(), b.graph.nodes.len());
                 Ok(0)
             }
-            GraphCmd::Show { file } => {
+            GraphCmd::Show { file, run, server } => {
                 let b = load_graph(&file)?;
+                let mut chart = mermaid(&b);
+                if let Some(run) = run {
+                    let v = client_get(&server.server, &format!("/v1/runs/{run}")).await?;
+                    chart.push_str(&live_states(&b, &v));
+                }
                 use std::io::Write;
                 // A closed pipe (`| head`) is not an error worth a panic.
-                let _ = std::io::stdout().write_all(mermaid(&b).as_bytes());
+                let _ = std::io::stdout().write_all(chart.as_bytes());
                 Ok(0)
             }
         },
@@ -472,6 +511,10 @@ fn mermaid(b: &GraphBundle) -> String {
                 format!("{id}{{{{\"{id} ({})\"}}}}", n.op.as_deref().unwrap_or(""))
             }
             NodeKind::Command => format!("{id}[/\"{id} (command)\"/]"),
+            NodeKind::Join => format!("{id}{{\"{id} (join)\"}}"),
+            NodeKind::Fanout => format!("{id}[[\"{id} (fan-out)\"]]"),
+            NodeKind::Approval => format!("{id}>\"{id} (approval)\"]"),
+            NodeKind::Git => format!("{id}[(\"{id} (git {})\")]", n.op.as_deref().unwrap_or("")),
         };
         out.push_str(&format!("  {shape}\n"));
         for r in &n.routes {
@@ -483,6 +526,45 @@ fn mermaid(b: &GraphBundle) -> String {
                 )),
                 None => out.push_str(&format!("  {id} --> {}\n", r.to)),
             }
+        }
+    }
+    out
+}
+
+/// Mermaid classes for a run's node states: done, failed, running, waiting, not reached.
+fn live_states(b: &GraphBundle, status: &Value) -> String {
+    let mut out = String::from(
+        "  classDef done fill:#c8f7c5,stroke:#2e7d32\n  classDef failed fill:#f7c5c5,stroke:#c62828\n  \
+         classDef running fill:#fff3b0,stroke:#f9a825\n  classDef waiting fill:#d0e0ff,stroke:#1565c0\n",
+    );
+    let jobs = status["jobs"].as_array().cloned().unwrap_or_default();
+    let awaiting: Vec<String> = status["awaiting_approval"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    for id in b.graph.nodes.keys() {
+        let mine: Vec<&Value> = jobs.iter().filter(|j| j["node"] == id.as_str()).collect();
+        let class = if awaiting.contains(&id.to_string()) {
+            Some("waiting")
+        } else if mine.iter().any(|j| j["state"] == "pending") {
+            Some("running")
+        } else if let Some(last) = mine.last() {
+            Some(if last["status"] == "ok" {
+                "done"
+            } else {
+                "failed"
+            })
+        } else if status["visits"][id.as_str()].as_u64().unwrap_or(0) > 0 {
+            Some("done")
+        } else {
+            None
+        };
+        if let Some(c) = class {
+            out.push_str(&format!("  class {id} {c}\n"));
         }
     }
     out

@@ -378,6 +378,24 @@ impl Coordinator {
         }
     }
 
+    pub async fn decide(
+        &self,
+        run: &RunId,
+        node: &str,
+        approved: bool,
+        by: &str,
+        comment: &str,
+    ) -> Result<Applied, DriverError> {
+        let event = Event::Decide {
+            node: shared::ids::NodeId::new(node),
+            approved,
+            by: by.to_string(),
+            comment: comment.to_string(),
+            at: now(),
+        };
+        self.apply(run, &event).await
+    }
+
     pub async fn cancel(&self, run: &RunId) -> Result<Applied, DriverError> {
         self.apply(run, &Event::Cancel { at: now() }).await
     }
@@ -391,8 +409,11 @@ impl Coordinator {
     }
 }
 
+/// Does the transition write the run's result (a finish, or a late advisory report)?
 fn finishes(effects: &[Effect]) -> bool {
-    effects.iter().any(|e| matches!(e, Effect::Finished { .. }))
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::Finished { .. } | Effect::ResultUpdated { .. }))
 }
 
 enum HandleError {

@@ -28,8 +28,36 @@ fn env() -> &'static Environment<'static> {
         env.add_filter("tojson_pretty", |v: minijinja::Value| {
             serde_json::to_string_pretty(&v).unwrap_or_default()
         });
+        env.add_filter("flatten", flatten);
+        env.add_filter("difference", difference);
         env
     })
+}
+
+/// `[[a], [b, c]] | flatten` → `[a, b, c]`.
+fn flatten(v: minijinja::Value) -> Result<minijinja::Value, minijinja::Error> {
+    let mut out = Vec::new();
+    for item in v.try_iter()? {
+        match item.try_iter() {
+            Ok(inner) if item.kind() == minijinja::value::ValueKind::Seq => out.extend(inner),
+            _ => out.push(item),
+        }
+    }
+    Ok(minijinja::Value::from(out))
+}
+
+/// `a | difference(b)`: the items of `a` not in `b`, in order.
+fn difference(
+    a: minijinja::Value,
+    b: minijinja::Value,
+) -> Result<minijinja::Value, minijinja::Error> {
+    let other: Vec<minijinja::Value> = if b.is_undefined() || b.is_none() {
+        Vec::new()
+    } else {
+        b.try_iter()?.collect()
+    };
+    let out: Vec<minijinja::Value> = a.try_iter()?.filter(|x| !other.contains(x)).collect();
+    Ok(minijinja::Value::from(out))
 }
 
 pub fn compile_check(expr: &str) -> Result<(), ExprError> {
@@ -120,6 +148,18 @@ mod tests {
             eval("last.output.failure_brief", &ctx).unwrap(),
             Value::Null
         );
+    }
+
+    #[test]
+    fn flatten_and_difference_compute_uncovered_sketches() {
+        let ctx = json!({"fns": [{"props": [{"name": "a"}, {"name": "b"}]}, {"props": [{"name": "c"}]}],
+                         "covered": ["b", null]});
+        let v = eval(
+            "fns | map(attribute='props') | flatten | map(attribute='name') | difference(covered)",
+            &ctx,
+        )
+        .unwrap();
+        assert_eq!(v, json!(["a", "c"]));
     }
 
     #[test]

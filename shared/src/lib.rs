@@ -12,4 +12,5 @@ pub mod messages;
 pub mod paths;
 pub mod ports;
 pub mod schema;
+pub mod testfail;
 pub mod text;

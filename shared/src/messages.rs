@@ -56,6 +56,9 @@ pub struct ScriptStep {
     pub files: BTreeMap<String, String>,
     #[serde(default)]
     pub output: Value,
+    /// Shell commands run through the `run_command` tool (only where the node allows it).
+    #[serde(default)]
+    pub commands: Vec<String>,
     /// Seconds to wait before answering (for benchmarks of parallel branches).
     #[serde(default)]
     pub delay_seconds: f64,
@@ -139,8 +142,17 @@ pub struct JobSpec {
     /// Object key prefix for this job's artifacts, ending in `/`.
     pub artifact_prefix: String,
     pub agent: AgentConfig,
-    /// The run context at the time the job started (input, visits, node outcomes).
+    /// The run context at the time the job started (input, visits, node outcomes); agent
+    /// nodes only.
     pub vars: Value,
+    /// The fan-out branch of the job.
+    #[serde(default)]
+    pub branch: Option<u32>,
+    /// Object key of the transcript whose conversation this agent continues.
+    #[serde(default)]
+    pub continues: Option<String>,
+    #[serde(default)]
+    pub nudge_after_seconds: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -4,8 +4,18 @@
 //! (`POST /v1/messages`) and of OpenAI-compatible chat completions
 //! (`POST /v1/chat/completions`), validates requests the way those APIs do
 //! (auth headers, required fields, tool call / tool result pairing) and plays
-//! a scripted conversation: every accepted request consumes the next
-//! [`ScriptedReply`] from a single shared queue.
+//! scripted replies: every accepted request consumes the next
+//! [`ScriptedReply`] of one queue.
+//!
+//! [`FakeLlm::start`] has a single shared queue. [`FakeLlm::start_conversations`]
+//! adds one queue per [`Conversation`], so that several agents talking at the
+//! same time each get their own replies: a request belongs to the conversation
+//! whose `key` is a substring of the text of its first user message (for
+//! Anthropic the first message whose role is `user`, normally `messages[0]`; for
+//! OpenAI the first message with role `user`; a content given as a list of
+//! blocks counts as the concatenation of its text blocks). When several keys
+//! match, the longest wins (the first declared among equals). A request that
+//! matches no key falls back to the shared queue.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,6 +98,23 @@ impl ScriptedReply {
     }
 }
 
+/// A conversation of its own: the requests whose first user message contains
+/// `key` consume `replies`, in order, independently of every other queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Conversation {
+    pub key: String,
+    pub replies: Vec<ScriptedReply>,
+}
+
+impl Conversation {
+    pub fn new(key: impl Into<String>, replies: Vec<ScriptedReply>) -> Self {
+        Self {
+            key: key.into(),
+            replies,
+        }
+    }
+}
+
 /// A request as the fake saw it, with the status it answered.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecordedRequest {
@@ -97,6 +124,9 @@ pub struct RecordedRequest {
     /// The parsed JSON body; `Null` when empty, a JSON string when not JSON.
     pub body: Value,
     pub status: u16,
+    /// The key of the conversation the request was routed to; `None` when it
+    /// went to the shared queue or was refused before routing (validation).
+    pub conversation: Option<String>,
 }
 
 impl RecordedRequest {
@@ -130,9 +160,31 @@ impl FakeLlm {
         port: u16,
         delay: Duration,
     ) -> anyhow::Result<FakeLlm> {
+        Self::start_conversations_with(script, Vec::new(), port, delay).await
+    }
+
+    /// Starts on an ephemeral port of 127.0.0.1 with one reply queue per
+    /// conversation and an empty shared queue, waiting `delay` before
+    /// answering each request. Keys must be unique and not empty.
+    pub async fn start_conversations(
+        convs: Vec<Conversation>,
+        delay: Duration,
+    ) -> anyhow::Result<FakeLlm> {
+        Self::start_conversations_with(Vec::new(), convs, 0, delay).await
+    }
+
+    /// The general form: `script` is the shared queue used by requests that
+    /// match no conversation; `port` 0 is ephemeral.
+    pub async fn start_conversations_with(
+        script: Vec<ScriptedReply>,
+        convs: Vec<Conversation>,
+        port: u16,
+        delay: Duration,
+    ) -> anyhow::Result<FakeLlm> {
+        let queues = Queues::new(script, convs)?;
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::new(script, delay));
+        let shared = Arc::new(Shared::new(queues, delay));
         let (tx, rx) = oneshot::channel::<()>();
         let app = router(shared.clone());
         tokio::spawn(async move {
@@ -155,9 +207,18 @@ impl FakeLlm {
         lock(&self.shared.requests).clone()
     }
 
-    /// Scripted replies not yet played.
+    /// Scripted replies not yet played, over all queues.
     pub fn remaining(&self) -> usize {
-        lock(&self.shared.script).len()
+        lock(&self.shared.queues).remaining()
+    }
+
+    /// Replies not yet played of one conversation; `None` for an unknown key.
+    pub fn remaining_in(&self, key: &str) -> Option<usize> {
+        lock(&self.shared.queues)
+            .keyed
+            .iter()
+            .find(|(known, _)| known == key)
+            .map(|(_, queue)| queue.len())
     }
 }
 
@@ -169,37 +230,92 @@ impl Drop for FakeLlm {
     }
 }
 
+/// The shared queue and one queue per conversation, in declaration order.
+struct Queues {
+    default: VecDeque<ScriptedReply>,
+    keyed: Vec<(String, VecDeque<ScriptedReply>)>,
+}
+
+/// Where a request's reply comes from.
+enum Route {
+    /// A reply of the named conversation, or `None` when its queue is empty.
+    Conversation(String, Option<ScriptedReply>),
+    /// A reply of the shared queue, or `None` when it is empty.
+    Default(Option<ScriptedReply>),
+}
+
+impl Queues {
+    fn new(script: Vec<ScriptedReply>, convs: Vec<Conversation>) -> anyhow::Result<Self> {
+        let mut keyed: Vec<(String, VecDeque<ScriptedReply>)> = Vec::with_capacity(convs.len());
+        for conv in convs {
+            if conv.key.is_empty() {
+                anyhow::bail!("fake llm: a conversation key must not be empty");
+            }
+            if keyed.iter().any(|(key, _)| *key == conv.key) {
+                anyhow::bail!("fake llm: duplicate conversation key {:?}", conv.key);
+            }
+            keyed.push((conv.key, conv.replies.into()));
+        }
+        Ok(Self {
+            default: script.into(),
+            keyed,
+        })
+    }
+
+    fn remaining(&self) -> usize {
+        self.default.len() + self.keyed.iter().map(|(_, q)| q.len()).sum::<usize>()
+    }
+
+    /// Takes the next reply for a request whose first user message is `prompt`.
+    fn pop(&mut self, prompt: Option<&str>) -> Route {
+        let matched = prompt.and_then(|prompt| {
+            let mut best: Option<usize> = None;
+            for (index, (key, _)) in self.keyed.iter().enumerate() {
+                let longer = best.is_none_or(|b| key.len() > self.keyed[b].0.len());
+                if longer && prompt.contains(key.as_str()) {
+                    best = Some(index);
+                }
+            }
+            best
+        });
+        match matched {
+            Some(index) => {
+                let (key, queue) = &mut self.keyed[index];
+                Route::Conversation(key.clone(), queue.pop_front())
+            }
+            None => Route::Default(self.default.pop_front()),
+        }
+    }
+}
+
 struct Shared {
-    script: Mutex<VecDeque<ScriptedReply>>,
+    queues: Mutex<Queues>,
     requests: Mutex<Vec<RecordedRequest>>,
     next_id: AtomicU64,
     delay: Duration,
 }
 
 impl Shared {
-    fn new(script: Vec<ScriptedReply>, delay: Duration) -> Self {
+    fn new(queues: Queues, delay: Duration) -> Self {
         Self {
-            script: Mutex::new(script.into()),
+            queues: Mutex::new(queues),
             requests: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             delay,
         }
     }
 
-    fn pop(&self) -> Option<ScriptedReply> {
-        lock(&self.script).pop_front()
-    }
-
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn record(&self, request: &Incoming, status: StatusCode) {
+    fn record(&self, request: &Incoming, status: StatusCode, conversation: Option<String>) {
         lock(&self.requests).push(RecordedRequest {
             path: request.path.clone(),
             headers: header_pairs(&request.headers),
             body: recorded_body(&request.body),
             status: status.as_u16(),
+            conversation,
         });
     }
 }
@@ -252,14 +368,14 @@ async fn not_found(
     let request = Incoming::new(method, &uri, headers, body);
     let message = format!("no route for {} {}", request.method, request.path);
     let outcome = Api::Anthropic.error(StatusCode::NOT_FOUND, &message);
-    shared.record(&request, outcome.status);
+    shared.record(&request, outcome.status, None);
     pause(shared.delay).await;
     outcome.into_response()
 }
 
 async fn handle(api: Api, shared: &Shared, request: Incoming) -> Response {
-    let outcome = respond(api, shared, &request);
-    shared.record(&request, outcome.status);
+    let (outcome, conversation) = respond(api, shared, &request);
+    shared.record(&request, outcome.status, conversation);
     pause(shared.delay).await;
     outcome.into_response()
 }
@@ -270,23 +386,77 @@ async fn pause(delay: Duration) {
     }
 }
 
-/// Validates the request, then plays the next scripted reply.
-fn respond(api: Api, shared: &Shared, request: &Incoming) -> Outcome {
+/// Validates the request, then plays the next scripted reply of its queue;
+/// also returns the key of the conversation the request was routed to.
+fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<String>) {
     if request.method != Method::POST {
         let message = format!("method {} is not allowed, use POST", request.method);
-        return api.error(StatusCode::METHOD_NOT_ALLOWED, &message);
+        return (api.error(StatusCode::METHOD_NOT_ALLOWED, &message), None);
     }
     let model = match api.validate(&request.headers, &request.body) {
         Ok(model) => model,
-        Err(rejection) => return api.error(rejection.status, &rejection.message),
+        Err(rejection) => return (api.error(rejection.status, &rejection.message), None),
     };
-    let Some(scripted) = shared.pop() else {
-        let message = "fake llm script is exhausted: no scripted reply left";
-        return api.error(StatusCode::INTERNAL_SERVER_ERROR, message);
+    let prompt = first_user_text(&request.body);
+    let route = {
+        let mut queues = lock(&shared.queues);
+        let route = queues.pop(prompt.as_deref());
+        match route {
+            Route::Default(None) if !queues.keyed.is_empty() => {
+                let keys: Vec<&str> = queues.keyed.iter().map(|(key, _)| key.as_str()).collect();
+                let message = format!(
+                    "fake llm: no conversation matches the first user message (keys: {}) \
+                     and the default script is empty",
+                    keys.join(", ")
+                );
+                return (api.error(StatusCode::INTERNAL_SERVER_ERROR, &message), None);
+            }
+            route => route,
+        }
     };
-    match Answer::of(&scripted.reply) {
+    let (scripted, conversation) = match route {
+        Route::Conversation(key, Some(scripted)) => (scripted, Some(key)),
+        Route::Conversation(key, None) => {
+            let message = format!(
+                "fake llm script of conversation {key:?} is exhausted: no scripted reply left"
+            );
+            return (
+                api.error(StatusCode::INTERNAL_SERVER_ERROR, &message),
+                Some(key),
+            );
+        }
+        Route::Default(Some(scripted)) => (scripted, None),
+        Route::Default(None) => {
+            let message = "fake llm script is exhausted: no scripted reply left";
+            return (api.error(StatusCode::INTERNAL_SERVER_ERROR, message), None);
+        }
+    };
+    let outcome = match Answer::of(&scripted.reply) {
         Err(status) => api.scripted_error(status),
         Ok(answer) => api.success(shared.next_id(), &model, answer, &scripted),
+    };
+    (outcome, conversation)
+}
+
+/// The text of the first message whose role is `user` (a validated body):
+/// the content string, or the concatenated `text` of its blocks.
+fn first_user_text(body: &Bytes) -> Option<String> {
+    let body: Value = serde_json::from_slice(body).ok()?;
+    let message = body
+        .get("messages")?
+        .as_array()?
+        .iter()
+        .find(|message| role(message) == Some("user"))?;
+    match message.get("content")? {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(blocks) => Some(
+            blocks
+                .iter()
+                .filter(|block| block.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|block| block.get("text").and_then(Value::as_str))
+                .collect(),
+        ),
+        _ => None,
     }
 }
 

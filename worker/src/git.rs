@@ -96,6 +96,7 @@ impl GitCache {
             dir,
             git_dir,
             base: oid,
+            head: std::sync::Mutex::new(oid),
         })
     }
 }
@@ -114,6 +115,22 @@ pub struct Worktree {
     pub dir: PathBuf,
     git_dir: PathBuf,
     base: Oid,
+    /// Moves when a git step adds commits on top of the base.
+    head: std::sync::Mutex<Oid>,
+}
+
+/// What a cherry-pick, squash-merge or rebase did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PickOutcome {
+    Applied {
+        head: String,
+        applied: Vec<String>,
+    },
+    Conflict {
+        commit: String,
+        paths: Vec<String>,
+        applied: Vec<String>,
+    },
 }
 
 impl Worktree {
@@ -125,6 +142,87 @@ impl Worktree {
 
     pub fn base(&self) -> String {
         self.base.to_string()
+    }
+
+    pub fn head(&self) -> String {
+        self.head_oid().to_string()
+    }
+
+    fn head_oid(&self) -> Oid {
+        *self.head.lock().expect("head lock")
+    }
+
+    /// Applies `commits` in order on top of the head, each as its own commit; with `squash`,
+    /// the result becomes one commit with that message on top of the original head. Conflicts
+    /// stop the step and are reported, never half-applied to the worktree.
+    pub fn cherry_pick(
+        &self,
+        commits: &[String],
+        squash: Option<&str>,
+    ) -> Result<PickOutcome, GitError> {
+        let repo = self.repo()?;
+        let start = repo.find_commit(self.head_oid())?;
+        let mut head = start.clone();
+        let sig = Signature::new("fleet", "fleet@localhost", &Time::new(0, 0))?;
+        let mut applied = Vec::new();
+        for c in commits {
+            let pick = repo.find_commit(Oid::from_str(c)?)?;
+            let mut index = repo.cherrypick_commit(&pick, &head, 0, None)?;
+            if index.has_conflicts() {
+                let mut paths: Vec<String> = index
+                    .conflicts()?
+                    .filter_map(Result::ok)
+                    .filter_map(|c| c.our.or(c.their).or(c.ancestor))
+                    .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+                    .collect();
+                paths.sort();
+                paths.dedup();
+                return Ok(PickOutcome::Conflict {
+                    commit: c.clone(),
+                    paths,
+                    applied,
+                });
+            }
+            let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
+            let message = pick.message().unwrap_or("cherry-pick").to_string();
+            let oid = repo.commit(None, &sig, &sig, &message, &tree, &[&head])?;
+            head = repo.find_commit(oid)?;
+            applied.push(c.clone());
+        }
+        if let Some(message) = squash {
+            let tree = head.tree()?;
+            let oid = repo.commit(None, &sig, &sig, message, &tree, &[&start])?;
+            head = repo.find_commit(oid)?;
+        }
+        repo.checkout_tree(head.as_object(), Some(CheckoutBuilder::new().force()))?;
+        repo.set_head_detached(head.id())?;
+        *self.head.lock().expect("head lock") = head.id();
+        Ok(PickOutcome::Applied {
+            head: head.id().to_string(),
+            applied,
+        })
+    }
+
+    /// Paths added or modified in the working directory since the base, with their contents.
+    pub fn changed_files(&self) -> Result<std::collections::BTreeMap<String, String>, GitError> {
+        let repo = self.repo()?;
+        let base_tree = repo.find_commit(self.base)?.tree()?;
+        let mut opts = git2::DiffOptions::new();
+        opts.include_untracked(true).recurse_untracked_dirs(true);
+        let diff = repo.diff_tree_to_workdir(Some(&base_tree), Some(&mut opts))?;
+        let mut out = std::collections::BTreeMap::new();
+        for delta in diff.deltas() {
+            if delta.status() == git2::Delta::Deleted {
+                continue;
+            }
+            if let Some(p) = delta.new_file().path() {
+                let full = self.dir.join(p);
+                if let Ok(text) = std::fs::read_to_string(&full) {
+                    out.insert(p.to_string_lossy().replace('\\', "/"), text);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Applies a unified diff to the working directory (`git apply` semantics, no unsafe paths).
@@ -145,13 +243,14 @@ impl Worktree {
         index.update_all(["*"], None)?;
         index.write()?;
         let tree_id = index.write_tree()?;
-        let parent = repo.find_commit(self.base)?;
+        let parent = repo.find_commit(self.head_oid())?;
         if parent.tree_id() == tree_id {
             return Ok(None);
         }
         let tree = repo.find_tree(tree_id)?;
         let sig = Signature::new("fleet", "fleet@localhost", &Time::new(0, 0))?;
         let oid = repo.commit(None, &sig, &sig, message, &tree, &[&parent])?;
+        *self.head.lock().expect("head lock") = oid;
         Ok(Some(oid.to_string()))
     }
 

@@ -339,3 +339,168 @@ pub async fn commands(
         error: None,
     })
 }
+
+/// Runs the run's test command and parses structured failures. `expect` says what counts as
+/// ok: `pass` (exit 0), `fail` (real test failures, not a broken or empty suite) or `any`.
+pub async fn run_tests(
+    params: &Value,
+    session: &dyn Session,
+    art: &mut Artifacts<'_>,
+) -> StepResult {
+    let command = param(params, "command")
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let expect = param(params, "expect")
+        .as_str()
+        .unwrap_or("pass")
+        .to_string();
+    let timeout = Duration::from_secs(param(params, "timeout_seconds").as_u64().unwrap_or(600));
+    let argv = match factory::split_command(&command) {
+        Ok(a) => a,
+        Err(e) => {
+            return Ok(StepOutcome {
+                status: JobStatus::Error,
+                output: Value::Null,
+                error: Some(format!("bad test command: {e}")),
+            })
+        }
+    };
+    let r = run_logged(session, &argv, timeout, "tests", art).await?;
+    let full_out = art.blobs.get(&r.stdout_path).await.unwrap_or_default();
+    let full_err = art.blobs.get(&r.stderr_path).await.unwrap_or_default();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&full_out),
+        String::from_utf8_lossy(&full_err)
+    );
+    let report = shared::testfail::parse(&text);
+    let broken = report.failures.iter().any(|f| f.kind == "collection")
+        || (report.runner == "pytest" && matches!(r.exit_code, 2..=4));
+    let no_tests = report.runner == "pytest" && r.exit_code == 5;
+    let passed = r.exit_code == 0;
+    let ok = match expect.as_str() {
+        "fail" => !passed && !broken && !no_tests && !report.failures.is_empty(),
+        "any" => true,
+        _ => passed,
+    };
+    let output = json!({
+        "command": argv,
+        "exit_code": r.exit_code,
+        "passed": passed,
+        "broken": broken,
+        "no_tests": no_tests,
+        "failures": report.failures,
+        "passed_tests": report.passed,
+        "counts": {"passed": report.passed.len(), "failed": report.failures.len()},
+        "stdout_tail": r.stdout_trunc,
+        "stderr_tail": r.stderr_trunc,
+        "duration_seconds": r.duration_seconds,
+    });
+    art.put_json("test_report.json", &output).await?;
+    Ok(StepOutcome {
+        status: if ok { JobStatus::Ok } else { JobStatus::Failed },
+        error: (!ok).then(|| format!("tests were expected to {expect}, exit code {}", r.exit_code)),
+        output,
+    })
+}
+
+/// The skeleton check: the build command passes and every function of the impl file is a stub.
+pub async fn check_skeleton(
+    params: &Value,
+    wt: &Worktree,
+    session: &dyn Session,
+    art: &mut Artifacts<'_>,
+) -> StepResult {
+    let timeout = Duration::from_secs(param(params, "timeout_seconds").as_u64().unwrap_or(600));
+    let build = param(params, "build_command")
+        .as_str()
+        .unwrap_or("true")
+        .to_string();
+    let language = param(params, "language")
+        .as_str()
+        .unwrap_or("python")
+        .to_string();
+    let impl_path = param(params, "impl_path")
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let argv = factory::split_command(&build).unwrap_or_else(|_| vec!["false".into()]);
+    let r = run_logged(session, &argv, timeout, "build", art).await?;
+    let build_ok = r.exit_code == 0;
+    let not_stubs = match (
+        crate::claims::language(&language),
+        normalize_relative(&impl_path),
+    ) {
+        (Some(lang), Ok(rel)) => match std::fs::read_to_string(wt.dir.join(&rel)) {
+            Ok(src) => lang
+                .not_stubbed(&src)
+                .unwrap_or_else(|e| vec![format!("unparsable: {e}")]),
+            Err(e) => vec![format!("cannot read {rel}: {e}")],
+        },
+        (None, _) => vec![format!("no stub checker for {language}")],
+        (_, Err(e)) => vec![e.to_string()],
+    };
+    let ok = build_ok && not_stubs.is_empty();
+    let output = json!({
+        "build_ok": build_ok,
+        "build": r,
+        "not_stubs": not_stubs,
+        "stubs_ok": not_stubs.is_empty(),
+    });
+    let error = (!ok).then(|| {
+        if build_ok {
+            format!("functions are not stubs: {}", not_stubs.join(", "))
+        } else {
+            format!("the build failed: {}", excerpt(&r))
+        }
+    });
+    Ok(StepOutcome {
+        status: if ok { JobStatus::Ok } else { JobStatus::Failed },
+        output,
+        error,
+    })
+}
+
+/// A git node: cherry-pick (or squash-merge, or rebase) the given commits onto the worktree.
+pub fn git_step(
+    op: &str,
+    params: &Value,
+    node: &str,
+    wt: &Worktree,
+) -> Result<StepOutcome, crate::git::GitError> {
+    let commits: Vec<String> = param(params, "commits")
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let message = param(params, "message")
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{node}: {op} of {} commit(s)", commits.len()));
+    let squash = (op == "squash_merge").then_some(message.as_str());
+    Ok(match wt.cherry_pick(&commits, squash)? {
+        crate::git::PickOutcome::Applied { head, applied } => StepOutcome {
+            status: JobStatus::Ok,
+            output: json!({"op": op, "head": head, "applied": applied, "conflicts": []}),
+            error: None,
+        },
+        crate::git::PickOutcome::Conflict {
+            commit,
+            paths,
+            applied,
+        } => StepOutcome {
+            status: JobStatus::Failed,
+            error: Some(format!(
+                "{op} of {commit} conflicts in {}",
+                paths.join(", ")
+            )),
+            output: json!({"op": op, "applied": applied,
+                "conflicts": [{"commit": commit, "paths": paths}]}),
+        },
+    })
+}

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod blobs;
+pub mod claims;
 pub mod consumer;
 pub mod git;
 pub mod harness;

@@ -179,8 +179,11 @@ impl Runner {
 
         let needs_container = match spec.kind {
             NodeKind::Agent | NodeKind::Command => true,
-            NodeKind::Harness => node.op.as_deref() == Some("factory_verify"),
-            NodeKind::Exit => false,
+            NodeKind::Harness => matches!(
+                node.op.as_deref(),
+                Some("factory_verify" | "run_tests" | "check_skeleton")
+            ),
+            _ => false,
         };
         let timeout = Duration::from_secs(spec.timeout_seconds);
         let container_started = Instant::now();
@@ -254,14 +257,11 @@ impl Runner {
         let (mut commit, mut pack) = (None, None);
         if let (Some(wt), Some(w)) = (&worktree, &spec.worktree) {
             if w.commit_out && step.status == JobStatus::Ok {
-                let message = format!(
-                    "fleet: {} (visit {})\n\nRun: {}\nNode: {}\nJob: {}\n",
-                    spec.node, spec.visit, spec.run_id, spec.node, spec.job_id
-                );
+                let message = commit_message(spec, &step.output, &usage);
                 let made = wt
                     .commit_all(&message)
                     .map_err(|e| RunError::Transient(e.to_string()))?;
-                let id = made.unwrap_or_else(|| wt.base());
+                let id = made.unwrap_or_else(|| wt.head());
                 if id != wt.base() {
                     let bytes = wt
                         .pack_since_base(&id)
@@ -319,6 +319,7 @@ impl Runner {
                 let job = AgentJob {
                     node: spec.node.as_str(),
                     visit: spec.visit,
+                    nudge_after: spec.nudge_after_seconds.map(Duration::from_secs),
                     prompt,
                     schema: &schema,
                     tools: ToolBox {
@@ -327,7 +328,17 @@ impl Runner {
                         command_timeout: Duration::from_secs(120).min(timeout),
                     },
                 };
-                let out = agent::run(job, &spec.agent, &self.config.llm, &self.http).await;
+                let prior = match &spec.continues {
+                    Some(key) => Some(self.blobs.get_json::<Value>(key).await?),
+                    None => None,
+                };
+                let mut out =
+                    agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await;
+                if out.status == JobStatus::Ok {
+                    if let (Some(claims), Some(wt)) = (&node.claims, wt) {
+                        check_claims(claims, wt, &mut out);
+                    }
+                }
                 art.put_json("transcript.json", &out.transcript).await?;
                 art.put_json("output.json", &out.output).await?;
                 Ok((
@@ -361,6 +372,20 @@ impl Runner {
                         )
                         .await?
                     }
+                    Some("run_tests") => {
+                        let session = session.expect("tests run in a container");
+                        harness::run_tests(&spec.params, session, art).await?
+                    }
+                    Some("check_skeleton") => {
+                        let session = session.expect("the build runs in a container");
+                        harness::check_skeleton(
+                            &spec.params,
+                            wt.ok_or_else(no_worktree)?,
+                            session,
+                            art,
+                        )
+                        .await?
+                    }
                     Some("noop") => StepOutcome {
                         status: JobStatus::Ok,
                         output: json!({}),
@@ -374,14 +399,97 @@ impl Runner {
                 };
                 Ok((step, Usage::default()))
             }
-            NodeKind::Exit => Ok((
+            NodeKind::Git => {
+                let op = node.op.as_deref().unwrap_or_default();
+                let wt = wt.ok_or_else(no_worktree)?;
+                let step = harness::git_step(op, &spec.params, spec.node.as_str(), wt)
+                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                art.put_json("git_result.json", &step.output).await?;
+                Ok((step, Usage::default()))
+            }
+            NodeKind::Exit | NodeKind::Join | NodeKind::Fanout | NodeKind::Approval => Ok((
                 StepOutcome {
                     status: JobStatus::Error,
                     output: Value::Null,
-                    error: Some("exit nodes are not jobs".into()),
+                    error: Some(format!("{:?} nodes are not jobs", spec.kind).to_lowercase()),
                 },
                 Usage::default(),
             )),
+        }
+    }
+}
+
+/// The commit convention: `<node>: <subject>`, a summary, and the Session, Node and Cost
+/// trailers. The subject is the agent's `commit_msg` when it gives one.
+fn commit_message(spec: &JobSpec, output: &Value, usage: &Usage) -> String {
+    let subject = output
+        .get("commit_msg")
+        .and_then(Value::as_str)
+        .map(|s| s.lines().next().unwrap_or_default().to_string())
+        .unwrap_or_else(|| format!("visit {}", spec.visit));
+    let summary = ["summary", "strategy", "design_notes"]
+        .iter()
+        .find_map(|k| output.get(*k).and_then(Value::as_str))
+        .map(|s| format!("{}\n\n", shared::text::head(s, 500)))
+        .unwrap_or_default();
+    format!(
+        "{}: {subject}\n\n{summary}Session: {}\nNode: {}\nCost: ${:.4}\n",
+        spec.node, spec.run_id, spec.node, usage.cost_usd
+    )
+}
+
+/// Checks the agent's claims against the files it changed; mismatches fail the job with
+/// structured `claim_errors`.
+fn check_claims(claims: &shared::graph::Claims, wt: &Worktree, out: &mut agent::AgentOutcome) {
+    let Some(lang) = crate::claims::language(&claims.language) else {
+        return;
+    };
+    let ctx = serde_json::json!({"output": out.output});
+    let names = |e: &Option<String>| -> Vec<Value> {
+        e.as_deref()
+            .and_then(|e| shared::expr::eval(e, &ctx).ok())
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    };
+    let defines: Vec<String> = names(&claims.defines)
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let exercises: Vec<crate::claims::Exercise> = names(&claims.exercises)
+        .iter()
+        .filter_map(|v| {
+            Some(crate::claims::Exercise {
+                test: v.get("test")?.as_str()?.to_string(),
+                calls: v
+                    .get("calls")?
+                    .as_array()?
+                    .iter()
+                    .filter_map(|c| c.as_str().map(str::to_string))
+                    .collect(),
+            })
+        })
+        .collect();
+    let files = match wt.changed_files() {
+        Ok(f) => f,
+        Err(e) => {
+            out.status = JobStatus::Error;
+            out.error = Some(format!("cannot list changed files: {e}"));
+            return;
+        }
+    };
+    let errors = crate::claims::check(lang.as_ref(), &files, &defines, &exercises);
+    if !errors.is_empty() {
+        out.status = JobStatus::Failed;
+        out.error = Some(format!(
+            "claims do not match the files on disk: {}",
+            errors
+                .iter()
+                .map(|e| e.detail.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+        if let Some(obj) = out.output.as_object_mut() {
+            obj.insert("claim_errors".into(), serde_json::json!(errors));
         }
     }
 }

@@ -109,7 +109,7 @@ fn from_output<T: serde::de::DeserializeOwned + Default>(o: Option<&Outcome>, ke
 }
 
 /// Assembles `run_summary.json` from the run's history of `se`, `tr` and `po` outcomes.
-pub fn summarize(state: &RunState, success: bool, at: &str) -> Value {
+pub fn summarize(state: &RunState, _exit: &crate::ids::NodeId, success: bool, at: &str) -> Value {
     let by = |node: &str, attempt: u32| -> Option<&Outcome> {
         state
             .history

@@ -41,10 +41,31 @@ impl fmt::Display for CheckError {
 impl std::error::Error for CheckError {}
 
 /// Names the engine puts in the expression context beside the node names.
-pub const RESERVED: &[&str] = &["input", "visits", "last", "run", "params", "files", "loop"];
+pub const RESERVED: &[&str] = &[
+    "input",
+    "visits",
+    "last",
+    "run",
+    "params",
+    "files",
+    "loop",
+    "item",
+    "branch",
+    "output",
+    "derived",
+    "approvals",
+    "all",
+];
 
 /// Variables a worker adds when it renders an agent's prompt.
-const WORKER_VARS: &[&str] = &["params", "context_files", "tools", "output_schema"];
+const WORKER_VARS: &[&str] = &[
+    "params",
+    "context_files",
+    "tools",
+    "output_schema",
+    "item",
+    "branch",
+];
 
 pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
     let g = &bundle.graph;
@@ -89,8 +110,13 @@ pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
         check_node(bundle, id, node, &mut err);
     }
 
-    // Reachability from start.
-    let reachable = reachable_from(g, &g.start);
+    // Reachability from start; an observer is reachable when a node it watches is.
+    let mut reachable = reachable_from(g, &g.start);
+    for (id, n) in &g.nodes {
+        if n.observes.iter().any(|o| reachable.contains(o)) {
+            reachable.insert(id.clone());
+        }
+    }
     for id in g.nodes.keys() {
         if !reachable.contains(id) {
             err(Some(id), "", "unreachable from the start node".into());
@@ -131,12 +157,10 @@ fn check_node(
     provided.extend(WORKER_VARS.iter().map(|s| s.to_string()));
 
     for route in &node.routes {
-        if !g.nodes.contains_key(&route.to) {
-            err(
-                Some(id),
-                "routes",
-                format!("route to unknown node `{}`", route.to),
-            );
+        for to in route.to.nodes() {
+            if !g.nodes.contains_key(to) {
+                err(Some(id), "routes", format!("route to unknown node `{to}`"));
+            }
         }
         if let Some(when) = &route.when {
             if let Err(e) = expr::compile_check(when) {
@@ -150,17 +174,20 @@ fn check_node(
         }
     }
     if let Some(w) = &node.worktree {
-        if w.from != "base" {
-            match g.nodes.get(&NodeId::new(w.from.clone())) {
+        for from in w.from.nodes() {
+            if from.as_str() == "base" {
+                continue;
+            }
+            match g.nodes.get(from) {
                 None => err(
                     Some(id),
                     "worktree.from",
-                    format!("`{}` is neither `base` nor a node", w.from),
+                    format!("`{from}` is neither `base` nor a node"),
                 ),
                 Some(src) if !src.worktree.as_ref().is_some_and(|w| w.commit) => err(
                     Some(id),
                     "worktree.from",
-                    format!("node `{}` does not commit its worktree", w.from),
+                    format!("node `{from}` does not commit its worktree"),
                 ),
                 _ => {}
             }
@@ -183,7 +210,10 @@ fn check_node(
     if terminal && !node.routes.is_empty() {
         err(Some(id), "routes", "an exit node has no routes".into());
     }
-    if !terminal {
+    let routeless_ok = !node.observes.is_empty()
+        || (node.advisory && node.routes.is_empty())
+        || node.kind == NodeKind::Fanout;
+    if !terminal && !routeless_ok {
         match node.routes.last() {
             None => err(Some(id), "routes", "a node needs at least one route".into()),
             Some(r) if r.when.is_some() => err(
@@ -192,6 +222,70 @@ fn check_node(
                 "the last route must have no `when`, so routing is total".into(),
             ),
             _ => {}
+        }
+    }
+
+    for (name, e) in &node.derive {
+        if let Err(e) = expr::compile_check(e) {
+            err(Some(id), &format!("derive.{name}"), e.to_string());
+        }
+    }
+    let exists = |n: &NodeId| g.nodes.contains_key(n);
+    if let Some(b) = &node.budget_exit {
+        if !exists(b) {
+            err(Some(id), "budget_exit", format!("unknown node `{b}`"));
+        }
+        if node.max_visits.is_none() {
+            err(Some(id), "budget_exit", "needs max_visits".into());
+        }
+    }
+    if let Some(st) = &node.stuck {
+        if !exists(&st.to) {
+            err(Some(id), "stuck.to", format!("unknown node `{}`", st.to));
+        }
+        if let Err(e) = expr::compile_check(&st.signature) {
+            err(Some(id), "stuck.signature", e.to_string());
+        }
+        if st.times < 2 {
+            err(Some(id), "stuck.times", "must be at least 2".into());
+        }
+    }
+    for o in &node.observes {
+        if !exists(o) {
+            err(Some(id), "observes", format!("unknown node `{o}`"));
+        }
+    }
+    if let Some(c) = &node.continues {
+        match g.nodes.get(c) {
+            Some(n) if n.kind == NodeKind::Agent => {}
+            Some(_) => err(Some(id), "continues", format!("`{c}` is not an agent node")),
+            None => err(Some(id), "continues", format!("unknown node `{c}`")),
+        }
+        if node.kind != NodeKind::Agent {
+            err(
+                Some(id),
+                "continues",
+                "only agent nodes continue sessions".into(),
+            );
+        }
+    }
+    if let Some(claims) = &node.claims {
+        if !super::claims_languages().contains(&claims.language.as_str()) {
+            err(
+                Some(id),
+                "claims.language",
+                format!("no claim checker for `{}`", claims.language),
+            );
+        }
+        for (f, e) in [
+            ("claims.defines", &claims.defines),
+            ("claims.exercises", &claims.exercises),
+        ] {
+            if let Some(e) = e {
+                if let Err(e) = expr::compile_check(e) {
+                    err(Some(id), f, e.to_string());
+                }
+            }
         }
     }
 
@@ -287,13 +381,82 @@ fn check_node(
             }
             forbid("worktree", node.worktree.is_some(), &mut e2);
         }
+        NodeKind::Join => {
+            let fed_by_fanout = g
+                .nodes
+                .values()
+                .any(|n| n.kind == NodeKind::Fanout && n.join.as_ref() == Some(id));
+            if node.wait_for.is_empty() && !fed_by_fanout {
+                e2(
+                    "wait_for",
+                    "a join waits for at least one node (or is a fan-out's join)".into(),
+                );
+            }
+            for w in &node.wait_for {
+                match g.nodes.get(w) {
+                    None => e2("wait_for", format!("unknown node `{w}`")),
+                    Some(n) if !n.routes.iter().any(|r| r.to.nodes().contains(&id)) => e2(
+                        "wait_for",
+                        format!("`{w}` never routes to this join, so the join could never fire"),
+                    ),
+                    _ => {}
+                }
+            }
+            forbid("worktree", node.worktree.is_some(), &mut e2);
+        }
+        NodeKind::Fanout => {
+            match &node.over {
+                None => e2("over", "a fan-out needs the list expression `over`".into()),
+                Some(o) => {
+                    if let Err(e) = expr::compile_check(o) {
+                        e2("over", e.to_string());
+                    }
+                }
+            }
+            match &node.body {
+                None => e2("body", "a fan-out needs a `body` node".into()),
+                Some(b) if !g.nodes.contains_key(b) => e2("body", format!("unknown node `{b}`")),
+                _ => {}
+            }
+            match &node.join {
+                None => e2(
+                    "join",
+                    "a fan-out needs the `join` where its branches meet".into(),
+                ),
+                Some(j) => match g.nodes.get(j) {
+                    Some(n) if n.kind == NodeKind::Join => {}
+                    _ => e2("join", format!("`{j}` is not a join node")),
+                },
+            }
+        }
+        NodeKind::Approval => {
+            forbid("worktree", node.worktree.is_some(), &mut e2);
+        }
+        NodeKind::Git => {
+            match node.op.as_deref() {
+                Some("cherry_pick" | "squash_merge" | "rebase") => {}
+                other => e2(
+                    "op",
+                    format!("git nodes run cherry_pick, squash_merge or rebase, not {other:?}"),
+                ),
+            }
+            if !node.with.contains_key("commits") {
+                e2("with.commits", "required: the commits to apply".into());
+            }
+            if !node.worktree.as_ref().is_some_and(|w| w.commit) {
+                e2(
+                    "worktree",
+                    "a git node needs a worktree with `commit: true`".into(),
+                );
+            }
+        }
     }
 }
 
 /// Harness steps a worker knows how to run.
-pub const HARNESS_OPS: &[&str] = &["apply_patch", "factory_verify", "noop"];
+pub const HARNESS_OPS: &[&str] = &["apply_patch", "factory_verify", "noop", "run_tests"];
 /// Built-in result assemblers of exit nodes.
-pub const EXIT_ASSEMBLERS: &[&str] = &["factory_summary"];
+pub const EXIT_ASSEMBLERS: &[&str] = &["factory_summary", "hybrid_result"];
 
 fn schema_check(bundle: &GraphBundle, path: &str) -> Result<(), String> {
     let text = bundle
@@ -306,8 +469,16 @@ fn schema_check(bundle: &GraphBundle, path: &str) -> Result<(), String> {
         .map_err(|e| format!("`{path}` is not a valid JSON schema: {e}"))
 }
 
+/// Every node control can pass to from `node`: routes, fan-out bodies and joins, budget and
+/// stuck exits.
 fn successors(node: &Node) -> impl Iterator<Item = &NodeId> {
-    node.routes.iter().map(|r| &r.to)
+    node.routes
+        .iter()
+        .flat_map(|r| r.to.nodes())
+        .chain(node.body.iter())
+        .chain(node.join.iter())
+        .chain(node.budget_exit.iter())
+        .chain(node.stuck.iter().map(|s| &s.to))
 }
 
 fn reachable_from(g: &super::Graph, start: &NodeId) -> BTreeSet<NodeId> {

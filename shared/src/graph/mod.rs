@@ -69,6 +69,11 @@ pub fn load_bundle(
     Ok(bundle)
 }
 
+/// Languages the claim checker can parse.
+pub fn claims_languages() -> &'static [&'static str] {
+    &["python"]
+}
+
 /// Content key of any file text, used in error messages and caches.
 pub fn text_hash(text: &str) -> String {
     sha256_hex(text.as_bytes())

@@ -56,6 +56,17 @@ pub enum NodeKind {
     Harness,
     /// Ends the run; `status` decides success, `result` assembles the result.
     Exit,
+    /// Waits for every node in `wait_for` (or every branch of a fan-out) to arrive, then fires
+    /// once; held in the run state, which only changes by compare-and-set.
+    Join,
+    /// Starts `body` once per item of the list `over`, each in its own branch with its own
+    /// worktree; the branches meet at `join`, whose expected count is set here.
+    Fanout,
+    /// Pauses this path of the run until a human approves or rejects through the API or CLI.
+    Approval,
+    /// A git step run by the harness: `cherry_pick`, `squash_merge` or `rebase` of the commits
+    /// given in `with.commits` onto the worktree's base; conflicts are structured output.
+    Git,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -80,9 +91,10 @@ pub enum WorktreeMode {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WorktreeUse {
-    /// `base` (the run's baseline commit) or the name of a node whose commit to start from.
+    /// `base` (the run's baseline commit), the name of a node whose commit to start from, or a
+    /// list of nodes: the one that finished last wins (a loop's latest commit).
     #[serde(default = "base")]
-    pub from: String,
+    pub from: Targets,
     #[serde(default)]
     pub mode: WorktreeMode,
     /// Commit the worktree's changes after the job and hand the commit to later nodes.
@@ -90,14 +102,38 @@ pub struct WorktreeUse {
     pub commit: bool,
 }
 
-fn base() -> String {
-    "base".to_string()
+fn base() -> Targets {
+    Targets::One(NodeId::new("base"))
+}
+
+/// One target or several (a fork: every target starts, in parallel).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Targets {
+    One(NodeId),
+    Many(Vec<NodeId>),
+}
+
+impl Targets {
+    pub fn nodes(&self) -> Vec<&NodeId> {
+        match self {
+            Targets::One(n) => vec![n],
+            Targets::Many(ns) => ns.iter().collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.nodes().iter().map(|n| n.to_string()).collect();
+        f.write_str(&names.join(", "))
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
-    pub to: NodeId,
+    pub to: Targets,
     /// Expression over the run context; absent means always.
     #[serde(default)]
     pub when: Option<String>,
@@ -148,12 +184,74 @@ pub struct Node {
     #[serde(default)]
     pub op: Option<String>,
 
+    /// Harness-derived fields: name → expression over the finished job's `output` (and the run
+    /// context); stored with the outcome as `derived` and used by routes. Verdicts live here.
+    #[serde(default)]
+    pub derive: BTreeMap<String, String>,
+    /// Where to go when `max_visits` is exhausted (instead of failing the run).
+    #[serde(default)]
+    pub budget_exit: Option<NodeId>,
+    /// Stuck detection: the same `signature` seen `times` times routes to `to`.
+    #[serde(default)]
+    pub stuck: Option<Stuck>,
+    /// The run may end without waiting for this node; its output is attached when it arrives.
+    #[serde(default)]
+    pub advisory: bool,
+    /// An observer: started after each finished visit of these nodes, with that outcome as
+    /// `params.observed`; never routes, its latest output is attached to the result.
+    #[serde(default)]
+    pub observes: Vec<NodeId>,
+    /// Continue the agent session (transcript) of this node instead of starting a new one.
+    #[serde(default)]
+    pub continues: Option<NodeId>,
+    /// Seconds after which the agent is told to finish (a nudge), before the hard timeout.
+    #[serde(default)]
+    pub nudge_after_seconds: Option<u64>,
+    /// Claims of the agent's output checked against the files it changed.
+    #[serde(default)]
+    pub claims: Option<Claims>,
+
+    // join
+    #[serde(default)]
+    pub wait_for: Vec<NodeId>,
+
+    // fanout
+    #[serde(default)]
+    pub over: Option<String>,
+    #[serde(default)]
+    pub body: Option<NodeId>,
+    #[serde(default)]
+    pub join: Option<NodeId>,
+
     // exit
     #[serde(default)]
     pub status: Option<String>,
     /// Exit: a built-in result assembler (`factory_summary`) or absent for the generic result.
     #[serde(default)]
     pub result: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Stuck {
+    /// Expression over the outcome context giving the failure signature (null: no signature).
+    pub signature: String,
+    pub times: u32,
+    pub to: NodeId,
+}
+
+/// What an agent claims it wrote, checked against the files it changed (tree-sitter).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Claims {
+    /// Language of the files to parse (`python`).
+    pub language: String,
+    /// Expression over `output` giving names that must be defined in the changed files.
+    #[serde(default)]
+    pub defines: Option<String>,
+    /// Expression over `output` giving `[{test, calls: [names]}]`: each test must call each name.
+    #[serde(default)]
+    pub exercises: Option<String>,
 }
 
 impl Graph {

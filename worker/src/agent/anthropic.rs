@@ -15,9 +15,10 @@ pub async fn run(
     cfg: &LlmConfig,
     settings: &LlmSettings,
     http: &reqwest::Client,
+    prior: Option<Value>,
 ) -> AgentOutcome {
     let mut usage = Usage::default();
-    let mut messages = vec![json!({"role": "user", "content": job.prompt})];
+    let mut messages = continue_from(prior.as_ref(), &job.prompt);
     let outcome = converse(&job, cfg, settings, http, &mut messages, &mut usage).await;
     usage.cost_usd = settings
         .prices
@@ -47,6 +48,31 @@ pub async fn run(
             transcript,
         },
     }
+}
+
+/// The conversation so far (a continued session) plus the new prompt. A trailing assistant turn
+/// with tool calls (the earlier `submit`) gets its tool results first, as the API requires.
+fn continue_from(prior: Option<&Value>, prompt: &str) -> Vec<Value> {
+    let mut messages: Vec<Value> = prior
+        .and_then(|p| p.get("messages"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut content = Vec::new();
+    if let Some(last) = messages.last().filter(|m| m["role"] == "assistant") {
+        for block in last["content"].as_array().cloned().unwrap_or_default() {
+            if block["type"] == "tool_use" {
+                content.push(json!({"type": "tool_result", "tool_use_id": block["id"],
+                    "content": "accepted"}));
+            }
+        }
+    }
+    content.push(json!({"type": "text", "text": prompt}));
+    if messages.is_empty() {
+        return vec![json!({"role": "user", "content": prompt})];
+    }
+    messages.push(json!({"role": "user", "content": content}));
+    messages
 }
 
 /// `Ok(Ok(output))` on a valid submit, `Ok(Err(reason))` when no valid answer came.
@@ -80,7 +106,21 @@ async fn converse(
         ("anthropic-version", "2023-06-01".to_string()),
     ];
     let mut last_problem = String::from("the agent never submitted");
+    let started = std::time::Instant::now();
+    let mut nudged = false;
     for _ in 0..cfg.max_turns {
+        if !nudged && job.nudge_after.is_some_and(|n| started.elapsed() >= n) {
+            nudged = true;
+            if let Some(last) = messages.last_mut().filter(|m| m["role"] == "user") {
+                match last["content"].as_array_mut() {
+                    Some(blocks) => blocks.push(json!({"type": "text", "text": super::NUDGE})),
+                    None => {
+                        let text = last["content"].as_str().unwrap_or_default().to_string();
+                        last["content"] = json!(format!("{text}\n\n{}", super::NUDGE));
+                    }
+                }
+            }
+        }
         let body = json!({
             "model": cfg.model,
             "max_tokens": cfg.max_tokens,

@@ -27,63 +27,89 @@ pub use shared::schema::validate;
 pub struct AgentJob<'a> {
     pub node: &'a str,
     pub visit: u32,
+    /// When the agent is told to finish, before the job's hard timeout.
+    pub nudge_after: Option<Duration>,
     pub prompt: String,
     pub schema: &'a Value,
     pub tools: ToolBox<'a>,
 }
 
+/// The message a nudged agent receives.
+pub const NUDGE: &str = "Time is nearly up for this step. Stop exploring and call `submit` now \
+with your best answer.";
+
+/// Runs the agent; `prior` is the transcript of the session it continues, if any.
 pub async fn run(
     job: AgentJob<'_>,
     config: &AgentConfig,
     settings: &LlmSettings,
     http: &reqwest::Client,
+    prior: Option<Value>,
 ) -> AgentOutcome {
     match config {
-        AgentConfig::Scripted { script } => scripted(job, script).await,
-        AgentConfig::Anthropic(c) => anthropic::run(job, c, settings, http).await,
-        AgentConfig::Openai(c) => openai::run(job, c, settings, http).await,
+        AgentConfig::Scripted { script } => scripted(job, script, prior).await,
+        AgentConfig::Anthropic(c) => anthropic::run(job, c, settings, http, prior).await,
+        AgentConfig::Openai(c) => openai::run(job, c, settings, http, prior).await,
     }
 }
 
-/// The scripted agent: writes the step's files through the container and returns its output.
+/// The scripted agent: acts through the node's tools in the container (writes its files, runs
+/// its commands) and returns the step's output, which must satisfy the schema like any other.
 async fn scripted(
     job: AgentJob<'_>,
     script: &std::collections::BTreeMap<String, Vec<shared::messages::ScriptStep>>,
+    prior: Option<Value>,
 ) -> AgentOutcome {
-    let fail = |status, msg: String| AgentOutcome {
+    let fail = |status, msg: String, transcript: Vec<Value>| AgentOutcome {
         status,
         output: Value::Null,
         error: Some(msg),
         usage: Usage::default(),
-        transcript: json!([]),
+        transcript: Value::Array(transcript),
     };
     let Some(steps) = script.get(job.node).filter(|s| !s.is_empty()) else {
         return fail(
             JobStatus::Error,
             format!("the script has no step for node `{}`", job.node),
+            vec![],
         );
     };
     let step = &steps[(job.visit as usize - 1).min(steps.len() - 1)];
+    let mut transcript = Vec::new();
+    if let Some(prior) = &prior {
+        transcript.push(json!({"continued_from": prior}));
+    }
+    transcript.push(json!({"role": "user", "content": job.prompt}));
     if step.delay_seconds > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(step.delay_seconds)).await;
     }
-    let mut transcript = vec![json!({"role": "user", "content": job.prompt})];
     for (path, content) in &step.files {
         let input = json!({"path": path, "content": content});
-        let result = match shared::paths::normalize_relative(path) {
-            Ok(p) => job
-                .tools
-                .write(&p, content.as_bytes().to_vec())
-                .await
-                .map(|_| format!("wrote {p}")),
-            Err(e) => Err(e.to_string()),
-        };
-        transcript
-            .push(json!({"tool": "write_file", "input": input, "result": format!("{result:?}")}));
+        let result = job.tools.call("write_file", &input).await;
+        transcript.push(
+            json!({"tool": "write_file", "input": {"path": path}, "ok": result.is_ok(),
+            "result": result.clone().unwrap_or_else(|e| e)}),
+        );
         if let Err(e) = result {
             return fail(
                 JobStatus::Error,
                 format!("scripted write of `{path}` failed: {e}"),
+                transcript,
+            );
+        }
+    }
+    for command in &step.commands {
+        let result = job
+            .tools
+            .call("run_command", &json!({"command": command}))
+            .await;
+        transcript.push(json!({"tool": "run_command", "input": {"command": command},
+            "ok": result.is_ok(), "result": result.clone().unwrap_or_else(|e| e)}));
+        if let Err(e) = result {
+            return fail(
+                JobStatus::Error,
+                format!("scripted command failed: {e}"),
+                transcript,
             );
         }
     }

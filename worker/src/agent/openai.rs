@@ -15,12 +15,27 @@ pub async fn run(
     cfg: &LlmConfig,
     settings: &LlmSettings,
     http: &reqwest::Client,
+    prior: Option<Value>,
 ) -> AgentOutcome {
     let mut usage = Usage::default();
-    let mut messages = vec![
-        json!({"role": "system", "content": SYSTEM}),
-        json!({"role": "user", "content": job.prompt}),
-    ];
+    let mut messages: Vec<Value> = prior
+        .as_ref()
+        .and_then(|p| p.get("messages"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_else(|| vec![json!({"role": "system", "content": SYSTEM})]);
+    // A continued session: answer the earlier submit call before the new prompt.
+    if let Some(last) = messages
+        .last()
+        .cloned()
+        .filter(|m| m["role"] == "assistant")
+    {
+        for call in last["tool_calls"].as_array().cloned().unwrap_or_default() {
+            messages
+                .push(json!({"role": "tool", "tool_call_id": call["id"], "content": "accepted"}));
+        }
+    }
+    messages.push(json!({"role": "user", "content": job.prompt}));
     let outcome = converse(&job, cfg, settings, http, &mut messages, &mut usage).await;
     usage.cost_usd = settings
         .prices
@@ -69,7 +84,13 @@ async fn converse(
     );
     let headers = [("authorization", format!("Bearer {key}"))];
     let mut last_problem = String::from("the agent never submitted");
+    let started = std::time::Instant::now();
+    let mut nudged = false;
     for _ in 0..cfg.max_turns {
+        if !nudged && job.nudge_after.is_some_and(|n| started.elapsed() >= n) {
+            nudged = true;
+            messages.push(json!({"role": "user", "content": super::NUDGE}));
+        }
         let body = json!({
             "model": cfg.model,
             "max_tokens": cfg.max_tokens,

@@ -1,0 +1,201 @@
+//! Claims checked against disk: names an agent's output says it wrote must be defined in the
+//! files it changed, and a test that claims to exercise a function must call it. Parsing is
+//! per language behind `LanguageIndex` (Python: tree-sitter).
+
+mod python;
+
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What a parser found in a file: definitions and, per definition, the names it calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileIndex {
+    pub definitions: BTreeMap<String, BTreeSet<String>>,
+}
+
+pub trait LanguageIndex {
+    /// Does this language own the file?
+    fn handles(&self, path: &str) -> bool;
+    fn index(&self, source: &str) -> Result<FileIndex, String>;
+    /// Functions whose body is not the language's stub (Python: `raise NotImplementedError`);
+    /// special methods are part of the type's representation and exempt.
+    fn not_stubbed(&self, source: &str) -> Result<Vec<String>, String>;
+}
+
+pub fn language(name: &str) -> Option<Box<dyn LanguageIndex>> {
+    match name {
+        "python" => Some(Box::new(python::Python)),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ClaimError {
+    /// `missing_definition`, `test_missing` or `test_does_not_call`.
+    pub kind: String,
+    pub name: String,
+    pub detail: String,
+}
+
+/// A test's claim to exercise some functions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exercise {
+    pub test: String,
+    pub calls: Vec<String>,
+}
+
+/// Checks the claims against the changed files (path → source). Pure: no I/O.
+pub fn check(
+    lang: &dyn LanguageIndex,
+    files: &BTreeMap<String, String>,
+    defines: &[String],
+    exercises: &[Exercise],
+) -> Vec<ClaimError> {
+    let mut all = FileIndex::default();
+    let mut errors = Vec::new();
+    for (path, src) in files.iter().filter(|(p, _)| lang.handles(p)) {
+        match lang.index(src) {
+            Ok(ix) => {
+                for (name, calls) in ix.definitions {
+                    all.definitions.entry(name).or_default().extend(calls);
+                }
+            }
+            Err(e) => errors.push(ClaimError {
+                kind: "unparsable_file".into(),
+                name: path.clone(),
+                detail: e,
+            }),
+        }
+    }
+    for name in defines {
+        if !all.definitions.contains_key(name) {
+            errors.push(ClaimError {
+                kind: "missing_definition".into(),
+                name: name.clone(),
+                detail: format!("`{name}` is claimed but not defined in the changed files"),
+            });
+        }
+    }
+    for ex in exercises {
+        match all.definitions.get(&ex.test) {
+            None => errors.push(ClaimError {
+                kind: "test_missing".into(),
+                name: ex.test.clone(),
+                detail: format!(
+                    "test `{}` is claimed but not defined in the changed files",
+                    ex.test
+                ),
+            }),
+            Some(calls) => {
+                for f in &ex.calls {
+                    if !calls.contains(f) {
+                        errors.push(ClaimError {
+                            kind: "test_does_not_call".into(),
+                            name: ex.test.clone(),
+                            detail: format!(
+                                "test `{}` claims to exercise `{f}` but never calls it",
+                                ex.test
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(src: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("stack.py".to_string(), src.to_string()),
+            ("notes.txt".into(), "def x".into()),
+        ])
+    }
+
+    const SRC: &str = r#"
+class Stack:
+    def push(self, x):
+        self.items.append(x)
+
+def pop(stack):
+    return stack.items.pop()
+
+def test_push_pop():
+    s = Stack()
+    s.push(1)
+    assert pop(s) == 1
+
+def test_lazy():
+    assert True
+"#;
+
+    #[test]
+    fn stubs_are_told_apart_from_bodies() {
+        let py = language("python").unwrap();
+        let src = r#"
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, x):
+        """Push x."""
+        raise NotImplementedError
+
+    def pop(self):
+        raise NotImplementedError()
+
+    def size(self):
+        return len(self.items)
+"#;
+        assert_eq!(py.not_stubbed(src).unwrap(), vec!["size"]);
+    }
+
+    #[test]
+    fn claimed_names_must_be_defined() {
+        let py = language("python").unwrap();
+        let errs = check(
+            py.as_ref(),
+            &files(SRC),
+            &["Stack".into(), "push".into(), "peek".into()],
+            &[],
+        );
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].kind, "missing_definition");
+        assert_eq!(errs[0].name, "peek");
+    }
+
+    #[test]
+    fn a_test_must_call_what_it_claims_to_exercise() {
+        let py = language("python").unwrap();
+        let ex = vec![
+            Exercise {
+                test: "test_push_pop".into(),
+                calls: vec!["push".into(), "pop".into()],
+            },
+            Exercise {
+                test: "test_lazy".into(),
+                calls: vec!["pop".into()],
+            },
+            Exercise {
+                test: "test_ghost".into(),
+                calls: vec![],
+            },
+        ];
+        let errs = check(py.as_ref(), &files(SRC), &[], &ex);
+        let kinds: Vec<(&str, &str)> = errs
+            .iter()
+            .map(|e| (e.kind.as_str(), e.name.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("test_does_not_call", "test_lazy"),
+                ("test_missing", "test_ghost")
+            ]
+        );
+    }
+}
