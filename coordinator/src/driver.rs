@@ -52,6 +52,7 @@ pub fn now() -> String {
 pub fn assembler(name: &str) -> Option<Assembler> {
     match name {
         "factory_summary" => Some(shared::factory::summarize as Assembler),
+        "hybrid_result" => Some(shared::hybrid::assemble as Assembler),
         _ => None,
     }
 }

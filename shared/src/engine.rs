@@ -1009,6 +1009,7 @@ impl Engine<'_> {
                 };
                 Some(WorktreeSpec {
                     commit,
+                    run_base: Some(self.state.repo.base_commit.clone()),
                     packs: self.state.repo.packs.clone(),
                     mode: w.mode,
                     commit_out: w.commit,
@@ -1035,7 +1036,10 @@ impl Engine<'_> {
             attempt: 1,
             kind: n.kind,
             graph_ref: self.state.graph_ref.clone(),
-            image: self.bundle.graph.image_for(n),
+            image: match self.bundle.graph.image_for(n) {
+                Some(i) if i.contains("{{") => Some(expr::render("image", &i, ctx).map_err(&err)?),
+                other => other,
+            },
             timeout_seconds: self.bundle.graph.timeout_for(n),
             params: Value::Object(params),
             context_files,

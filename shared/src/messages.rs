@@ -43,6 +43,9 @@ pub struct RepoSnapshot {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct WorktreeSpec {
     pub commit: String,
+    /// The run's baseline: claims are checked against the files changed since it.
+    #[serde(default)]
+    pub run_base: Option<String>,
     pub packs: Vec<String>,
     pub mode: WorktreeMode,
     pub commit_out: bool,

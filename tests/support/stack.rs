@@ -169,6 +169,20 @@ impl Stack {
         Ok(())
     }
 
+    /// Starts a new coordinator process (new port) on the same namespace, as a replacement for
+    /// one that died.
+    pub async fn restart_coordinator(&mut self) -> anyhow::Result<()> {
+        self.kill_coordinator()?;
+        let port = free_port();
+        self.server = format!("http://127.0.0.1:{port}");
+        self.coordinator = spawn(
+            &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
+            &base_env(&self.ns),
+            &self.log_dir.join("coordinator-2.log"),
+        )?;
+        self.wait_healthy().await
+    }
+
     pub fn kill_coordinator(&mut self) -> anyhow::Result<()> {
         if let Some(mut c) = self.coordinator.child.take() {
             c.kill()?;

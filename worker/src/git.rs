@@ -203,10 +203,18 @@ impl Worktree {
         })
     }
 
-    /// Paths added or modified in the working directory since the base, with their contents.
-    pub fn changed_files(&self) -> Result<std::collections::BTreeMap<String, String>, GitError> {
+    /// Paths added or modified in the working directory since `since` (default: the job's
+    /// base), with their contents.
+    pub fn changed_files(
+        &self,
+        since: Option<&str>,
+    ) -> Result<std::collections::BTreeMap<String, String>, GitError> {
         let repo = self.repo()?;
-        let base_tree = repo.find_commit(self.base)?.tree()?;
+        let since = match since {
+            Some(c) => Oid::from_str(c)?,
+            None => self.base,
+        };
+        let base_tree = repo.find_commit(since)?.tree()?;
         let mut opts = git2::DiffOptions::new();
         opts.include_untracked(true).recurse_untracked_dirs(true);
         let diff = repo.diff_tree_to_workdir(Some(&base_tree), Some(&mut opts))?;

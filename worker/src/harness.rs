@@ -466,9 +466,10 @@ pub async fn check_skeleton(
 pub fn git_step(
     op: &str,
     params: &Value,
-    node: &str,
+    spec: &shared::messages::JobSpec,
     wt: &Worktree,
 ) -> Result<StepOutcome, crate::git::GitError> {
+    let node = spec.node.as_str();
     let commits: Vec<String> = param(params, "commits")
         .as_array()
         .map(|a| {
@@ -482,6 +483,10 @@ pub fn git_step(
         .as_str()
         .map(str::to_string)
         .unwrap_or_else(|| format!("{node}: {op} of {} commit(s)", commits.len()));
+    let message = format!(
+        "{message}\n\nSession: {}\nNode: {node}\nCost: $0.0000\n",
+        spec.run_id
+    );
     let squash = (op == "squash_merge").then_some(message.as_str());
     Ok(match wt.cherry_pick(&commits, squash)? {
         crate::git::PickOutcome::Applied { head, applied } => StepOutcome {

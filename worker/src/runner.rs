@@ -336,7 +336,8 @@ impl Runner {
                     agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await;
                 if out.status == JobStatus::Ok {
                     if let (Some(claims), Some(wt)) = (&node.claims, wt) {
-                        check_claims(claims, wt, &mut out);
+                        let since = spec.worktree.as_ref().and_then(|w| w.run_base.as_deref());
+                        check_claims(claims, wt, since, &mut out);
                     }
                 }
                 art.put_json("transcript.json", &out.transcript).await?;
@@ -402,7 +403,7 @@ impl Runner {
             NodeKind::Git => {
                 let op = node.op.as_deref().unwrap_or_default();
                 let wt = wt.ok_or_else(no_worktree)?;
-                let step = harness::git_step(op, &spec.params, spec.node.as_str(), wt)
+                let step = harness::git_step(op, &spec.params, spec, wt)
                     .map_err(|e| RunError::Transient(e.to_string()))?;
                 art.put_json("git_result.json", &step.output).await?;
                 Ok((step, Usage::default()))
@@ -440,7 +441,12 @@ fn commit_message(spec: &JobSpec, output: &Value, usage: &Usage) -> String {
 
 /// Checks the agent's claims against the files it changed; mismatches fail the job with
 /// structured `claim_errors`.
-fn check_claims(claims: &shared::graph::Claims, wt: &Worktree, out: &mut agent::AgentOutcome) {
+fn check_claims(
+    claims: &shared::graph::Claims,
+    wt: &Worktree,
+    since: Option<&str>,
+    out: &mut agent::AgentOutcome,
+) {
     let Some(lang) = crate::claims::language(&claims.language) else {
         return;
     };
@@ -459,9 +465,9 @@ fn check_claims(claims: &shared::graph::Claims, wt: &Worktree, out: &mut agent::
         .iter()
         .filter_map(|v| {
             Some(crate::claims::Exercise {
-                test: v.get("test")?.as_str()?.to_string(),
+                test: v.get(&claims.test_field)?.as_str()?.to_string(),
                 calls: v
-                    .get("calls")?
+                    .get(&claims.calls_field)?
                     .as_array()?
                     .iter()
                     .filter_map(|c| c.as_str().map(str::to_string))
@@ -469,7 +475,7 @@ fn check_claims(claims: &shared::graph::Claims, wt: &Worktree, out: &mut agent::
             })
         })
         .collect();
-    let files = match wt.changed_files() {
+    let files = match wt.changed_files(since) {
         Ok(f) => f,
         Err(e) => {
             out.status = JobStatus::Error;

@@ -454,7 +454,13 @@ fn check_node(
 }
 
 /// Harness steps a worker knows how to run.
-pub const HARNESS_OPS: &[&str] = &["apply_patch", "factory_verify", "noop", "run_tests"];
+pub const HARNESS_OPS: &[&str] = &[
+    "apply_patch",
+    "factory_verify",
+    "noop",
+    "run_tests",
+    "check_skeleton",
+];
 /// Built-in result assemblers of exit nodes.
 pub const EXIT_ASSEMBLERS: &[&str] = &["factory_summary", "hybrid_result"];
 

@@ -241,7 +241,7 @@ pub struct Stuck {
 }
 
 /// What an agent claims it wrote, checked against the files it changed (tree-sitter).
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Claims {
     /// Language of the files to parse (`python`).
@@ -249,9 +249,23 @@ pub struct Claims {
     /// Expression over `output` giving names that must be defined in the changed files.
     #[serde(default)]
     pub defines: Option<String>,
-    /// Expression over `output` giving `[{test, calls: [names]}]`: each test must call each name.
+    /// Expression over `output` giving a list of objects naming a test and the functions it
+    /// claims to exercise: each test must call each function.
     #[serde(default)]
     pub exercises: Option<String>,
+    /// Field of an `exercises` item holding the test name.
+    #[serde(default = "test_field")]
+    pub test_field: String,
+    /// Field of an `exercises` item holding the list of function names.
+    #[serde(default = "calls_field")]
+    pub calls_field: String,
+}
+
+fn test_field() -> String {
+    "test".into()
+}
+fn calls_field() -> String {
+    "calls".into()
 }
 
 impl Graph {

@@ -1,0 +1,469 @@
+//! The hybrid TDD graph (seed 000) on the real stack with scripted agents, and the graph
+//! language features it relies on: joins held through a coordinator crash, the blind barrier,
+//! approvals.
+
+use fleet_tests::stack::{example, workspace_root, Stack};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn graph() -> String {
+    workspace_root()
+        .join("graphs/hybrid-tdd/graph.yaml")
+        .display()
+        .to_string()
+}
+
+fn make_repo(stack: &Stack) -> anyhow::Result<String> {
+    let dest = stack.dir.path().join("stack-repo");
+    let out =
+        std::process::Command::new(workspace_root().join("examples/hybrid-stack/make-repo.sh"))
+            .arg(&dest)
+            .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(dest.display().to_string())
+}
+
+fn write_json(stack: &Stack, name: &str, v: &Value) -> anyhow::Result<String> {
+    let p = stack.dir.path().join(name);
+    std::fs::write(&p, serde_json::to_vec_pretty(v)?)?;
+    Ok(p.display().to_string())
+}
+
+fn read_example(name: &str) -> anyhow::Result<Value> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(example(
+        &format!("hybrid-stack/{name}"),
+    ))?)?)
+}
+
+/// Submits a hybrid run; `strictness` overrides merge into the example's.
+async fn submit(stack: &Stack, script: Value, strictness: Value) -> anyhow::Result<String> {
+    let repo = make_repo(stack)?;
+    let mut input = read_example("input.json")?;
+    for (k, v) in strictness.as_object().cloned().unwrap_or_default() {
+        input["spec"]["strictness"][k] = v;
+    }
+    let input = write_json(stack, "input.json", &input)?;
+    let script = write_json(stack, "script.json", &script)?;
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &graph(),
+        "--repo",
+        &repo,
+        "--input",
+        &input,
+        "--script",
+        &script,
+    ])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    Ok(out.stdout.trim().to_string())
+}
+
+async fn finish(stack: &Stack, run: &str) -> anyhow::Result<(Value, Value)> {
+    let status = stack.wait_run(run, RUN_TIMEOUT).await?;
+    let result = stack.get(&format!("/v1/runs/{run}/result")).await?["result"].clone();
+    Ok((status, result))
+}
+
+fn interval(
+    logs: &Value,
+    node: &str,
+) -> (
+    chrono::DateTime<chrono::FixedOffset>,
+    chrono::DateTime<chrono::FixedOffset>,
+) {
+    let e = logs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["node"] == node)
+        .unwrap_or_else(|| panic!("no {node} in {logs}"));
+    let t = |k: &str| chrono::DateTime::parse_from_rfc3339(e[k].as_str().unwrap()).unwrap();
+    (t("started_at"), t("finished_at"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_happy_path_succeeds_with_a_complete_result_and_parallel_blind_branches(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("hyok", 2, &[]).await?;
+    let run = submit(&stack, read_example("script-happy.json")?, json!({})).await?;
+    let (status, r) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "succeeded", "{r}");
+    assert_eq!(r["success"], true);
+    assert_eq!(r["exit"], "Success");
+    for field in [
+        "spec",
+        "tests_coverage",
+        "understanding",
+        "type_adversary",
+        "mutation_adversary",
+        "witness",
+        "verification",
+        "total_cost",
+        "attempts",
+        "branches",
+    ] {
+        assert!(!r[field].is_null(), "HybridResult lacks {field}: {r}");
+    }
+    assert_eq!(r["spec"].as_array().unwrap().len(), 5);
+    assert_eq!(r["type_adversary"]["verdict"], "TypeSystemSound");
+    assert_eq!(r["mutation_adversary"]["verdict"], "TestSuiteRobust");
+    assert_eq!(r["tests_coverage"]["sketches_uncovered"], json!([]));
+    assert_eq!(r["tests_coverage"]["examples_covered"], 6);
+    assert!(
+        r["verification"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["passed"] == true),
+        "{}",
+        r["verification"]
+    );
+    assert_eq!(
+        r["branches"].as_object().unwrap().len(),
+        4,
+        "skeleton, tests, impl, merge"
+    );
+    assert_eq!(r["understanding"]["converging"], true);
+    assert!(r["witness"]["observations"].as_array().is_some());
+
+    // Tests and impl ran at overlapping times, on fresh worktrees of the skeleton.
+    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    let (ts, te) = interval(&logs, "tests");
+    let (is, ie) = interval(&logs, "impl");
+    assert!(
+        ts < ie && is < te,
+        "tests [{ts}, {te}] and impl [{is}, {ie}] did not overlap"
+    );
+    // The harness ran the tests on the skeleton and saw them fail, then pass on the merge.
+    let verify = stack
+        .artifact_json(&format!("runs/{run}/verify_tdd_1/test_report.json"))
+        .await?;
+    assert_eq!(verify["passed"], false);
+    assert!(verify["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("NotImplementedError")));
+    let validate = stack
+        .artifact_json(&format!("runs/{run}/validate_1/test_report.json"))
+        .await?;
+    assert_eq!(validate["counts"]["passed"], 6);
+    // The impl's prompt never mentions the tests' names beyond the echo of sketch names.
+    let impl_prompt = stack
+        .get_text(&format!("/v1/artifacts/runs/{run}/impl_1/prompt.md"))
+        .await?;
+    assert!(!impl_prompt.contains("test_push_then_pop_returns_item"));
+    assert!(
+        impl_prompt.contains("push_pop_inverse"),
+        "the echo carries sketch names"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tests_that_pass_on_the_skeleton_are_rejected_with_feedback_then_succeed(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("hytriv", 2, &[]).await?;
+    let run = submit(
+        &stack,
+        read_example("script-trivial-then-ok.json")?,
+        json!({}),
+    )
+    .await?;
+    let (status, r) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "succeeded", "{r}");
+    assert_eq!(status["visits"]["tests"], 2);
+    assert_eq!(status["visits"]["verify_tdd"], 2);
+    assert_eq!(status["visits"]["impl"], 1, "only the tests agent re-runs");
+    let first = stack
+        .artifact_json(&format!("runs/{run}/verify_tdd_1/test_report.json"))
+        .await?;
+    assert_eq!(
+        first["passed"], true,
+        "the trivial tests passed on the stubs"
+    );
+    let prompt = stack
+        .get_text(&format!("/v1/artifacts/runs/{run}/tests_2/prompt.md"))
+        .await?;
+    assert!(prompt.contains("Prior Attempt Rejected"), "{prompt}");
+    assert!(prompt.contains("Tests passed on skeleton. Tests are trivial or broken."));
+    assert!(prompt.contains("test_push_then_pop_returns_item, test_pop_returns_last_pushed"));
+    let prompt1 = stack
+        .get_text(&format!("/v1/artifacts/runs/{run}/tests_1/prompt.md"))
+        .await?;
+    assert!(!prompt1.contains("Prior Attempt Rejected"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_critical_type_hole_routes_to_the_types_fix_until_its_budget_is_exhausted(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("hyhole", 2, &[]).await?;
+    let run = submit(
+        &stack,
+        read_example("script-type-holes.json")?,
+        json!({"max_fix_attempts": 2}),
+    )
+    .await?;
+    let (status, r) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "failed");
+    assert_eq!(r["exit"], "TypeFixBudgetExhausted", "{r}");
+    assert_eq!(status["visits"]["types"], 3, "the design and two fixes");
+    assert_eq!(status["visits"]["type_adversary"], 3);
+    assert!(status["visits"]["tests"].is_null(), "never forked");
+    assert_eq!(r["type_adversary"]["verdict"], "TypeSystemHasHoles");
+    let fix_prompt = stack
+        .get_text(&format!("/v1/artifacts/runs/{run}/types_2/prompt.md"))
+        .await?;
+    assert!(
+        fix_prompt.contains("fix attempt 1") && fix_prompt.contains("the internal list is public"),
+        "{fix_prompt}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fix_loop_repeating_one_failure_pattern_ends_stuck() -> anyhow::Result<()> {
+    let stack = Stack::start("hystuck", 2, &[]).await?;
+    let run = submit(
+        &stack,
+        read_example("script-stuck.json")?,
+        json!({"max_fix_attempts": 5}),
+    )
+    .await?;
+    let (status, r) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "failed");
+    assert_eq!(r["exit"], "StuckOnPattern", "{r}");
+    assert_eq!(status["visits"]["validate"], 3);
+    assert_eq!(status["visits"]["fix"], 2);
+    let seen = r["understanding"]["failures_seen"].as_array().unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["test"], "test_pop_returns_last_pushed");
+    assert_eq!(seen[0]["occurrences"], 3);
+    assert_eq!(
+        r["understanding"]["fixes_applied"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(r["attempts"], 2);
+    // The fix agent's second prompt carries what was tried and seen before.
+    let p = stack
+        .get_text(&format!("/v1/artifacts/runs/{run}/fix_2/prompt.md"))
+        .await?;
+    assert!(
+        p.contains("Previous fixes tried") && p.contains("pop: pop from the end (LogicFix)"),
+        "{p}"
+    );
+    assert!(p.contains("test_pop_returns_last_pushed"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn surviving_mutants_block_in_blocking_mode_and_only_advise_otherwise() -> anyhow::Result<()>
+{
+    let stack = Stack::start("hymut", 2, &[]).await?;
+    let blocking = submit(
+        &stack,
+        read_example("script-survivors.json")?,
+        json!({"mutation_blocking": true}),
+    )
+    .await?;
+    let (status, r) = finish(&stack, &blocking).await?;
+    assert_eq!(status["status"], "failed");
+    assert_eq!(r["exit"], "MutantsSurvived", "{r}");
+    assert_eq!(r["mutation_adversary"]["verdict"], "TestSuiteHasGaps");
+
+    let advisory = submit(
+        &stack,
+        read_example("script-survivors.json")?,
+        json!({"mutation_blocking": false}),
+    )
+    .await?;
+    let (status, r) = finish(&stack, &advisory).await?;
+    assert_eq!(
+        status["status"], "succeeded",
+        "a boundary survivor only advises: {r}"
+    );
+    assert_eq!(r["mutation_adversary"]["verdict"], "TestSuiteHasGaps");
+    assert_eq!(r["mutation_adversary"]["critical"], json!([]));
+
+    // A critical survivor (a removed check) blocks even in advisory mode.
+    let mut script = read_example("script-survivors.json")?;
+    script["mutation"][0]["output"]["survivors"][0]["mutation_type"] = json!("RemovedCheck");
+    let critical = submit(
+        &stack,
+        script,
+        json!({"mutation_blocking": false, "max_fix_attempts": 4}),
+    )
+    .await?;
+    let (_, r) = finish(&stack, &critical).await?;
+    assert_eq!(r["exit"], "CriticalMutantSurvived", "{r}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_function_that_is_not_on_disk_is_caught() -> anyhow::Result<()> {
+    let stack = Stack::start("hyclaim", 2, &[]).await?;
+    let run = submit(&stack, read_example("script-ghost-claim.json")?, json!({})).await?;
+    let (status, r) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "failed");
+    assert_eq!(r["exit"], "ClaimedFunctionNotOnDisk", "{r}");
+    let errors = r["failure"]["claim_errors"]
+        .as_array()
+        .expect("structured claim errors");
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0]["kind"], "missing_definition");
+    assert_eq!(errors[0]["name"], "is_empty");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_of_the_impl_is_reachable_from_the_tests_container() -> anyhow::Result<()> {
+    let stack = Stack::start("hyblind", 2, &[]).await?;
+    let run = submit(&stack, read_example("script-blind.json")?, json!({})).await?;
+    let (status, _) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "succeeded");
+    // The impl had written its marker before the tests agent searched (the tests agent waits 2 s).
+    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    let (_, impl_end) = interval(&logs, "impl");
+    let (tests_start, _) = interval(&logs, "tests");
+    assert!(
+        impl_end < tests_start + chrono::Duration::seconds(2),
+        "impl finished before the search"
+    );
+    let transcript = stack
+        .artifact_json(&format!("runs/{run}/tests_1/transcript.json"))
+        .await?;
+    let results: Vec<String> = transcript
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["tool"] == "run_command")
+        .map(|e| e["result"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(results.len(), 3, "{transcript}");
+    let stdout = |r: &str| {
+        r.split("stdout:\n")
+            .nth(1)
+            .unwrap_or("")
+            .split("\nstderr:")
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    // Whole file system: no readable file holds the impl's marker.
+    assert_eq!(stdout(&results[0]), "grep-done", "{}", results[0]);
+    // No git directory or pack anywhere in the container, so no object of any branch.
+    assert_eq!(stdout(&results[1]), "find-done", "{}", results[1]);
+    assert!(
+        results[2].contains("not a git repository"),
+        "{}",
+        results[2]
+    );
+    // And the impl's marker is real: it is in the merged result the harness built.
+    let mutation_prompt = stack
+        .get_text(&format!(
+            "/v1/artifacts/runs/{run}/validate_1/test_report.json"
+        ))
+        .await?;
+    assert!(mutation_prompt.contains("\"passed\": true"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_between_two_join_arrivals_still_fires_the_join_once(
+) -> anyhow::Result<()> {
+    let mut stack = Stack::start("hyjoin", 2, &[]).await?;
+    let mut script = read_example("script-happy.json")?;
+    script["tests"][0]["delay_seconds"] = json!(0.2);
+    script["impl"][0]["delay_seconds"] = json!(6.0);
+    let run = submit(&stack, script, json!({})).await?;
+    // Wait for the first arrival (tests) to be applied, then kill the coordinator.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = stack.get(&format!("/v1/runs/{run}")).await?;
+        let tests_done = s["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["node"] == "tests" && j["state"] == "done");
+        if tests_done {
+            assert_eq!(s["joins"]["join"]["arrived"], json!(["tests"]), "{s}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "tests never finished");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stack.kill_coordinator()?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.restart_coordinator().await?;
+    let (status, r) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "succeeded", "{r}");
+    assert_eq!(status["joins"]["join"]["fired"], 1);
+    assert_eq!(
+        status["visits"]["verify_tdd"], 1,
+        "the join's successor ran once"
+    );
+    assert_eq!(status["visits"]["join"], 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_node_pauses_the_run_until_approved_through_the_cli() -> anyhow::Result<()> {
+    let stack = Stack::start("approve", 1, &[]).await?;
+    let repo = make_repo(&stack)?;
+    let input = write_json(&stack, "input.json", &json!({}))?;
+    let script = write_json(&stack, "script.json", &json!({}))?;
+    let graph = workspace_root()
+        .join("graphs/review/graph.yaml")
+        .display()
+        .to_string();
+    let out = stack.cli(&[
+        "submit", "--graph", &graph, "--repo", &repo, "--input", &input, "--script", &script,
+    ])?;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let run = out.stdout.trim().to_string();
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let s = stack.get(&format!("/v1/runs/{run}")).await?;
+    assert_eq!(s["status"], "running");
+    assert_eq!(s["awaiting_approval"], json!(["review"]));
+    assert_eq!(s["jobs"], json!([]), "nothing runs before the decision");
+
+    let approve = stack.cli(&[
+        "approve",
+        &run,
+        "review",
+        "--comment",
+        "looks right",
+        "--by",
+        "ana",
+    ])?;
+    assert_eq!(approve.code, 0, "{}", approve.stderr);
+    assert_eq!(approve.stdout.trim(), "review: decided");
+    let again = stack.cli(&["approve", &run, "review", "--reject"])?;
+    assert_eq!(
+        again.stdout.trim(),
+        "review: already decided",
+        "a second decision changes nothing"
+    );
+
+    let done = stack.wait_run(&run, Duration::from_secs(60)).await?;
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(done["approvals"]["review"]["decision"]["by"], "ana");
+    assert_eq!(done["visits"]["checks"], 1, "the approved path ran once");
+    Ok(())
+}
