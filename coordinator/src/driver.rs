@@ -8,7 +8,7 @@ use crate::submit::SubmitError;
 use shared::engine::{self, Applied, Assembler, Effect, Event, RunState};
 use shared::graph::GraphBundle;
 use shared::ids::RunId;
-use shared::messages::{JobEnvelope, JobResult, ResultEnvelope, WIRE_VERSION};
+use shared::messages::{JobEnvelope, JobResult, ResultEnvelope, INLINE_LIMIT, WIRE_VERSION};
 use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,7 +42,11 @@ pub struct Coordinator {
     pub metrics: CoordinatorMetrics,
     graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
     outbox_ready: Notify,
+    run_locks: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
+    mirrored: Mutex<HashMap<RunId, std::time::Instant>>,
 }
+
+const MIRROR_EVERY: Duration = Duration::from_secs(2);
 
 pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -73,6 +77,8 @@ impl Coordinator {
             metrics,
             graphs: Mutex::new(HashMap::new()),
             outbox_ready: Notify::new(),
+            run_locks: Mutex::new(HashMap::new()),
+            mirrored: Mutex::new(HashMap::new()),
         }
     }
 
@@ -93,13 +99,17 @@ impl Coordinator {
         let mut out = Vec::new();
         for fx in effects {
             if let Effect::Publish(spec) = fx {
-                let spec_ref = self.blobs.put_content(spec.as_ref()).await?;
+                let (spec_ref, inline) = self
+                    .blobs
+                    .inline_or_store(spec.as_ref(), INLINE_LIMIT)
+                    .await?;
                 out.push(OutboxMessage::Job(JobEnvelope {
                     v: WIRE_VERSION,
                     job_id: spec.job_id.clone(),
                     run_id: spec.run_id.clone(),
                     attempt: spec.attempt,
                     spec_ref,
+                    spec: inline.map(Box::new),
                 }));
             }
         }
@@ -127,12 +137,29 @@ impl Coordinator {
     }
 
     /// Applies one event with optimistic concurrency: reload and retry on conflict.
+    pub async fn apply(&self, run: &RunId, event: &Event) -> Result<Applied, DriverError> {
+        let applied = self.apply_batch(run, std::slice::from_ref(event)).await?;
+        Ok(applied
+            .into_iter()
+            .next()
+            .unwrap_or(Applied::Ignored("no event")))
+    }
+
+    /// Applies events to one run in order and commits them in one compare-and-set (a group
+    /// commit: a fan-out's many arrivals cost one state write per batch, not one each).
     ///
     /// A finishing transition writes the run's result files *before* its commit, so that a
     /// client that sees the run finished can read them. A coordinator that wrote them and then
     /// lost the race puts the files back in line with the committed state.
-    pub async fn apply(&self, run: &RunId, event: &Event) -> Result<Applied, DriverError> {
+    pub async fn apply_batch(
+        &self,
+        run: &RunId,
+        events: &[Event],
+    ) -> Result<Vec<Applied>, DriverError> {
+        let lock = self.run_lock(run);
+        let _guard = lock.lock().await;
         let mut wrote_results = false;
+        let mut skip = std::collections::HashSet::new();
         let outcome = loop {
             let (state, version) = self
                 .store
@@ -140,28 +167,59 @@ impl Coordinator {
                 .await?
                 .ok_or_else(|| DriverError::UnknownRun(run.clone()))?;
             let bundle = self.bundle(&state.graph_ref).await?;
-            let t = engine::apply(&bundle, &state, event, &assembler)?;
-            if t.applied != Applied::Changed {
+            let mut current = state;
+            let mut effects = Vec::new();
+            let mut applied = Vec::with_capacity(events.len());
+            let mut refused = None;
+            for (i, event) in events.iter().enumerate() {
+                if skip.contains(&i) {
+                    applied.push(Applied::Ignored("engine error"));
+                    continue;
+                }
+                match engine::apply_in_place(&bundle, &mut current, event, &assembler) {
+                    Ok((fx, a)) => {
+                        if a != Applied::Changed {
+                            debug!(run = %run, applied = ?a, "event changed nothing");
+                        }
+                        effects.extend(fx);
+                        applied.push(a);
+                    }
+                    Err(e) => {
+                        error!(run = %run, error = %e, "the engine refused an event; skipping it");
+                        refused = Some(i);
+                        break;
+                    }
+                }
+            }
+            if let Some(i) = refused {
+                // The state may be half-changed: reload and apply the others.
+                skip.insert(i);
+                continue;
+            }
+            for a in &applied {
                 self.metrics
                     .events
-                    .with_label_values(&[applied_label(&t.applied)])
+                    .with_label_values(&[applied_label(a)])
                     .inc();
-                debug!(run = %run, applied = ?t.applied, "event changed nothing");
-                break t.applied;
             }
-            let outbox = self.outbox_for(&t.effects).await?;
-            if finishes(&t.effects) {
-                self.write_results(&t.state).await?;
+            if !applied.contains(&Applied::Changed) {
+                break applied;
+            }
+            let outbox = self.outbox_for(&effects).await?;
+            if finishes(&effects) {
+                self.write_results(&current).await?;
                 wrote_results = true;
             }
-            match self.store.commit(&t.state, version, &outbox).await? {
+            match self.store.commit(&current, version, &outbox).await? {
                 CasOutcome::Committed => {
-                    self.metrics.events.with_label_values(&["changed"]).inc();
-                    self.after_commit(&t.state, &t.effects).await;
+                    self.after_commit(&current, &effects).await;
                     if !outbox.is_empty() {
                         self.outbox_ready.notify_one();
                     }
-                    return Ok(Applied::Changed);
+                    if current.status.is_terminal() && current.pending_jobs().next().is_none() {
+                        self.forget_run(run);
+                    }
+                    return Ok(applied);
                 }
                 CasOutcome::Conflict => {
                     self.metrics.cas_conflicts.inc();
@@ -178,6 +236,21 @@ impl Coordinator {
             }
         }
         Ok(outcome)
+    }
+
+    /// Serialises this coordinator's writes to one run (other coordinators are fenced by CAS).
+    fn run_lock(&self, run: &RunId) -> Arc<tokio::sync::Mutex<()>> {
+        self.run_locks
+            .lock()
+            .expect("run locks")
+            .entry(run.clone())
+            .or_default()
+            .clone()
+    }
+
+    fn forget_run(&self, run: &RunId) {
+        self.run_locks.lock().expect("run locks").remove(run);
+        self.mirrored.lock().expect("mirror times").remove(run);
     }
 
     fn result_files(state: &RunState) -> Vec<(String, serde_json::Value)> {
@@ -209,10 +282,24 @@ impl Coordinator {
     }
 
     /// Mirrors the state to object storage, so a run can be recovered if Redis loses it.
+    /// The mirror is written at most every `MIRROR_EVERY` per run while it runs, and always
+    /// when it ends.
     async fn after_commit(&self, state: &RunState, effects: &[Effect]) {
-        let key = format!("runs/{}/state.json", state.run_id);
-        if let Err(e) = self.blobs.put_json(&key, state).await {
-            warn!(run = %state.run_id, error = %e, "could not mirror run state to object storage");
+        let due = {
+            let mut times = self.mirrored.lock().expect("mirror times");
+            let last = times.get(&state.run_id).copied();
+            let due =
+                state.status.is_terminal() || last.is_none_or(|t| t.elapsed() >= MIRROR_EVERY);
+            if due {
+                times.insert(state.run_id.clone(), std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            let key = format!("runs/{}/state.json", state.run_id);
+            if let Err(e) = self.blobs.put_json(&key, state).await {
+                warn!(run = %state.run_id, error = %e, "could not mirror run state to object storage");
+            }
         }
         for fx in effects {
             if let Effect::Finished { status, .. } = fx {
@@ -256,34 +343,41 @@ impl Coordinator {
                     Vec::new()
                 }
             };
+            let mut published = Vec::new();
+            let mut messages = Vec::new();
             for raw in &batch {
-                let published = match serde_json::from_str::<OutboxMessage>(raw) {
+                match serde_json::from_str::<OutboxMessage>(raw) {
                     Ok(OutboxMessage::Job(env)) => {
                         let body = serde_json::to_vec(&env).expect("envelope serializes");
-                        let id = format!("{}.a{}", env.job_id, env.attempt);
-                        loop {
-                            match self.broker.publish(QueueName::Jobs, &body, &id).await {
-                                Ok(()) => break true,
-                                Err(e) => {
-                                    warn!(job = %env.job_id, error = %e, "publish failed; retrying");
-                                    if shutdown.is_cancelled() {
-                                        break false;
-                                    }
-                                    tokio::time::sleep(Duration::from_millis(500)).await;
-                                }
-                            }
-                        }
+                        messages.push((body, format!("{}.a{}", env.job_id, env.attempt)));
+                        published.push(raw.clone());
                     }
                     Err(e) => {
                         error!(error = %e, "dropping a malformed outbox message");
-                        true
+                        published.push(raw.clone());
                     }
-                };
-                if published {
-                    self.metrics.jobs_published.inc();
-                    if let Err(e) = self.store.outbox_done(&self.id, raw).await {
-                        warn!(error = %e, "could not forget a published outbox message; it may be published twice");
+                }
+            }
+            // Publish the whole batch, then wait for every confirm; retry the batch on failure
+            // (duplicates are harmless: job ids are deterministic and results deduplicated).
+            while !messages.is_empty() {
+                match self.broker.publish_many(QueueName::Jobs, &messages).await {
+                    Ok(()) => {
+                        self.metrics.jobs_published.inc_by(messages.len() as u64);
+                        break;
                     }
+                    Err(e) => {
+                        warn!(error = %e, count = messages.len(), "publish failed; retrying");
+                        if shutdown.is_cancelled() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+            if !published.is_empty() {
+                if let Err(e) = self.store.outbox_done(&self.id, &published).await {
+                    warn!(error = %e, "could not forget published outbox messages; they may be published twice");
                 }
             }
             if !batch.is_empty() {
@@ -297,85 +391,112 @@ impl Coordinator {
         }
     }
 
-    /// Consumes job results and dead-lettered jobs, applying each as an event, acking after.
+    /// Consumes job results and dead-lettered jobs, applying them as events and acking after
+    /// the commit. Messages that arrive together are applied per run in one batch.
     pub async fn consume(self: Arc<Self>, queue: QueueName, shutdown: CancellationToken) {
-        let mut rx = self.broker.subscribe(queue, 64);
+        let mut rx = self.broker.subscribe(queue, 1024);
         loop {
-            let msg = tokio::select! {
+            let first = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 m = rx.recv() => match m { Some(m) => m, None => return },
             };
-            let this = self.clone();
-            tokio::spawn(async move { this.handle(queue, msg).await });
-        }
-    }
-
-    async fn handle(&self, queue: QueueName, msg: Incoming) {
-        let outcome = match queue {
-            QueueName::Results => self.handle_result(&msg.body).await,
-            QueueName::DeadJobs => self.handle_dead(&msg.body).await,
-            QueueName::Jobs => Ok(()),
-        };
-        match outcome {
-            Ok(()) => {
-                let _ = msg.ack().await;
+            let mut batch = vec![first];
+            while batch.len() < 1024 {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
             }
-            Err(HandleError::Poison(reason)) => {
-                error!(queue = ?queue, %reason, "dropping a poison message");
-                let _ = msg.reject().await;
-            }
-            Err(HandleError::Transient(reason)) => {
-                warn!(queue = ?queue, %reason, "could not apply a message; requeueing");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let _ = msg.requeue().await;
-            }
-        }
-    }
-
-    async fn handle_result(&self, body: &[u8]) -> Result<(), HandleError> {
-        let env: ResultEnvelope =
-            serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
-        let result: JobResult =
-            self.blobs
-                .get_content(&env.result_ref)
-                .await
-                .map_err(|e| match e {
-                    BlobError::Decode { .. } | BlobError::Corrupt { .. } => {
-                        HandleError::Poison(e.to_string())
+            let mut by_run: HashMap<RunId, Vec<(Event, Incoming)>> = HashMap::new();
+            for msg in batch {
+                match self.decode(queue, &msg.body).await {
+                    Ok((run, event)) => by_run.entry(run).or_default().push((event, msg)),
+                    Err(HandleError::Poison(reason)) => {
+                        error!(queue = ?queue, %reason, "dropping a poison message");
+                        let _ = msg.reject().await;
                     }
-                    other => HandleError::Transient(other.to_string()),
-                })?;
-        let event = Event::JobFinished {
-            result: Box::new(result),
-            at: now(),
-        };
-        match self.apply(&env.run_id, &event).await {
-            Ok(applied) => {
-                debug!(run = %env.run_id, job = %env.job_id, ?applied, "result applied");
-                Ok(())
+                    Err(HandleError::Transient(reason)) => {
+                        warn!(queue = ?queue, %reason, "could not read a message; requeueing");
+                        let _ = msg.requeue().await;
+                    }
+                }
+            }
+            for (run, items) in by_run {
+                let this = self.clone();
+                tokio::spawn(async move { this.settle(run, items).await });
+            }
+        }
+    }
+
+    async fn settle(&self, run: RunId, items: Vec<(Event, Incoming)>) {
+        let (events, msgs): (Vec<Event>, Vec<Incoming>) = items.into_iter().unzip();
+        match self.apply_batch(&run, &events).await {
+            Ok(_) => {
+                for m in msgs {
+                    let _ = m.ack().await;
+                }
             }
             Err(DriverError::UnknownRun(_)) => {
-                Err(HandleError::Poison(format!("unknown run {}", env.run_id)))
+                warn!(run = %run, "messages for an unknown run; dropping them");
+                for m in msgs {
+                    let _ = m.reject().await;
+                }
             }
-            Err(DriverError::Engine(e)) => Err(HandleError::Poison(e.to_string())),
-            Err(e) => Err(HandleError::Transient(e.to_string())),
+            Err(e) => {
+                warn!(run = %run, error = %e, "could not apply messages; requeueing");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                for m in msgs {
+                    let _ = m.requeue().await;
+                }
+            }
         }
     }
 
-    async fn handle_dead(&self, body: &[u8]) -> Result<(), HandleError> {
-        let env: JobEnvelope =
-            serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
-        warn!(run = %env.run_id, job = %env.job_id, "job dead-lettered");
-        let event = Event::JobDead {
-            job_id: env.job_id.clone(),
-            attempt: env.attempt,
-            reason: "the job reached its delivery limit or was rejected as poison".into(),
-            at: now(),
-        };
-        match self.apply(&env.run_id, &event).await {
-            Ok(_) => Ok(()),
-            Err(DriverError::UnknownRun(_)) => Ok(()),
-            Err(e) => Err(HandleError::Transient(e.to_string())),
+    /// The run and event a message stands for.
+    async fn decode(&self, queue: QueueName, body: &[u8]) -> Result<(RunId, Event), HandleError> {
+        match queue {
+            QueueName::Results => {
+                let env: ResultEnvelope =
+                    serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
+                let result: JobResult = match env.result {
+                    Some(inline) => *inline,
+                    None => self
+                        .blobs
+                        .get_content(&env.result_ref)
+                        .await
+                        .map_err(|e| match e {
+                            BlobError::Decode { .. } | BlobError::Corrupt { .. } => {
+                                HandleError::Poison(e.to_string())
+                            }
+                            other => HandleError::Transient(other.to_string()),
+                        })?,
+                };
+                Ok((
+                    env.run_id,
+                    Event::JobFinished {
+                        result: Box::new(result),
+                        at: now(),
+                    },
+                ))
+            }
+            QueueName::DeadJobs => {
+                let env: JobEnvelope =
+                    serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
+                warn!(run = %env.run_id, job = %env.job_id, "job dead-lettered");
+                Ok((
+                    env.run_id,
+                    Event::JobDead {
+                        job_id: env.job_id.clone(),
+                        attempt: env.attempt,
+                        reason: "the job reached its delivery limit or was rejected as poison"
+                            .into(),
+                        at: now(),
+                    },
+                ))
+            }
+            QueueName::Jobs => Err(HandleError::Poison(
+                "the coordinator does not take jobs".into(),
+            )),
         }
     }
 

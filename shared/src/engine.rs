@@ -369,25 +369,37 @@ pub type Assembler = fn(&RunState, &NodeId, bool, &str) -> Value;
 
 struct Engine<'a> {
     bundle: &'a GraphBundle,
-    state: RunState,
+    state: &'a mut RunState,
     fx: Vec<Effect>,
     at: &'a str,
     assemble: &'a dyn Fn(&str) -> Option<Assembler>,
 }
 
+/// Applies an event to a copy of `state`.
 pub fn apply(
     bundle: &GraphBundle,
     state: &RunState,
     event: &Event,
     assemble: &dyn Fn(&str) -> Option<Assembler>,
 ) -> Result<Transition, EngineError> {
-    let unchanged = |applied| {
-        Ok(Transition {
-            state: state.clone(),
-            effects: Vec::new(),
-            applied,
-        })
-    };
+    let mut next = state.clone();
+    let (effects, applied) = apply_in_place(bundle, &mut next, event, assemble)?;
+    Ok(Transition {
+        state: next,
+        effects,
+        applied,
+    })
+}
+
+/// Applies an event to `state` itself (no copy, for batches). On an error the state may be
+/// half-changed: the caller must discard it.
+pub fn apply_in_place(
+    bundle: &GraphBundle,
+    state: &mut RunState,
+    event: &Event,
+    assemble: &dyn Fn(&str) -> Option<Assembler>,
+) -> Result<(Vec<Effect>, Applied), EngineError> {
+    let unchanged = |applied| Ok((Vec::new(), applied));
     let at = match event {
         Event::Start { at }
         | Event::JobFinished { at, .. }
@@ -395,21 +407,19 @@ pub fn apply(
         | Event::Decide { at, .. }
         | Event::Cancel { at } => at.as_str(),
     };
-    let mut e = Engine {
-        bundle,
-        state: state.clone(),
-        fx: Vec::new(),
-        at,
-        assemble,
-    };
-    match event {
+    enum Step {
+        Start,
+        Finished(JobRecord),
+        Dead(JobRecord),
+        Decide(ApprovalState),
+        Cancel,
+    }
+    let step = match event {
         Event::Start { .. } => {
             if state.status != RunStatus::Pending {
                 return unchanged(Applied::Duplicate);
             }
-            e.state.status = RunStatus::Running;
-            let start = bundle.graph.start.clone();
-            e.enter(&start, None, None)?;
+            Step::Start
         }
         Event::JobFinished { result, .. } => {
             let Some(record) = state.jobs.get(&result.job_id) else {
@@ -427,13 +437,10 @@ pub fn apply(
             if state.status != RunStatus::Running && !late_advisory {
                 return unchanged(Applied::Ignored("run is not running"));
             }
-            e.job_finished(result, record.clone())?;
+            Step::Finished(record.clone())
         }
         Event::JobDead {
-            job_id,
-            attempt,
-            reason,
-            ..
+            job_id, attempt, ..
         } => {
             let Some(record) = state.jobs.get(job_id) else {
                 return unchanged(Applied::Ignored("unknown job"));
@@ -446,6 +453,46 @@ pub fn apply(
             if record.state != JobState::Pending || state.status != RunStatus::Running {
                 return unchanged(Applied::Duplicate);
             }
+            Step::Dead(record.clone())
+        }
+        Event::Decide { node, .. } => {
+            let Some(approval) = state
+                .approvals
+                .get(node)
+                .filter(|a| a.decision.is_none())
+                .cloned()
+            else {
+                return unchanged(Applied::Duplicate);
+            };
+            if state.status != RunStatus::Running {
+                return unchanged(Applied::Ignored("run is not running"));
+            }
+            Step::Decide(approval)
+        }
+        Event::Cancel { .. } => {
+            if state.status.is_terminal() {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Cancel
+        }
+    };
+    let mut e = Engine {
+        bundle,
+        state,
+        fx: Vec::new(),
+        at,
+        assemble,
+    };
+    match (step, event) {
+        (Step::Start, _) => {
+            e.state.status = RunStatus::Running;
+            let start = bundle.graph.start.clone();
+            e.enter(&start, None, None)?;
+        }
+        (Step::Finished(record), Event::JobFinished { result, .. }) => {
+            e.job_finished(result, record)?;
+        }
+        (Step::Dead(record), Event::JobDead { job_id, reason, .. }) => {
             e.finish_job(job_id);
             let result = json!({
                 "reason": "job_dead_lettered",
@@ -455,39 +502,25 @@ pub fn apply(
             });
             e.finish(RunStatus::Failed, result);
         }
-        Event::Decide {
-            node,
-            approved,
-            by,
-            comment,
-            ..
-        } => {
-            let pending = state
-                .approvals
-                .get(node)
-                .filter(|a| a.decision.is_none())
-                .cloned();
-            let Some(approval) = pending else {
-                return unchanged(Applied::Duplicate);
-            };
-            if state.status != RunStatus::Running {
-                return unchanged(Applied::Ignored("run is not running"));
-            }
+        (
+            Step::Decide(approval),
+            Event::Decide {
+                node,
+                approved,
+                by,
+                comment,
+                ..
+            },
+        ) => {
             e.decide(node, approval, *approved, by, comment)?;
         }
-        Event::Cancel { .. } => {
-            if state.status.is_terminal() {
-                return unchanged(Applied::Duplicate);
-            }
+        (Step::Cancel, _) => {
             e.finish(RunStatus::Cancelled, json!({"reason": "cancelled"}));
         }
+        _ => unreachable!("the step matches its event"),
     }
     e.state.updated_at = at.to_string();
-    Ok(Transition {
-        state: e.state,
-        effects: e.fx,
-        applied: Applied::Changed,
-    })
+    Ok((e.fx, Applied::Changed))
 }
 
 impl Engine<'_> {
@@ -793,8 +826,8 @@ impl Engine<'_> {
         let cond = n.status.as_deref().unwrap_or("false");
         let success = expr::eval_bool(cond, &ctx).map_err(Self::expr_err(id))?;
         let result = match n.result.as_deref().and_then(|r| (self.assemble)(r)) {
-            Some(f) => f(&self.state, id, success, self.at),
-            None => generic_result(&self.state, id, success),
+            Some(f) => f(self.state, id, success, self.at),
+            None => generic_result(self.state, id, success),
         };
         let status = if success {
             RunStatus::Succeeded

@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 
 pub const WIRE_VERSION: u32 = 1;
 
+/// Payloads up to this size travel inside their envelope (still named by their sha256 key);
+/// larger ones are stored in object storage and only referenced (the claim-check pattern).
+pub const INLINE_LIMIT: usize = 16 * 1024;
+
 /// On the jobs queue.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobEnvelope {
@@ -16,8 +20,11 @@ pub struct JobEnvelope {
     pub job_id: JobId,
     pub run_id: RunId,
     pub attempt: Attempt,
-    /// Object key of the `JobSpec` (`blobs/<sha256>`).
+    /// Content key of the `JobSpec` (`blobs/<sha256>`); stored there unless inlined.
     pub spec_ref: String,
+    /// The spec itself when it is small (at most `INLINE_LIMIT` bytes of JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<Box<JobSpec>>,
 }
 
 /// On the results queue.
@@ -27,8 +34,11 @@ pub struct ResultEnvelope {
     pub job_id: JobId,
     pub run_id: RunId,
     pub attempt: Attempt,
-    /// Object key of the `JobResult`.
+    /// Content key of the `JobResult`; stored there unless inlined.
     pub result_ref: String,
+    /// The result itself when it is small (at most `INLINE_LIMIT` bytes of JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Box<JobResult>>,
 }
 
 /// A repository as the fleet sees it: packfiles in object storage that together hold every

@@ -49,8 +49,8 @@ pub trait RunStore: Send + Sync {
     async fn list(&self) -> Result<Vec<RunId>, PortError>;
     /// Claims up to `max` outbox messages for `owner` (moved to the owner's in-flight list).
     async fn outbox_claim(&self, owner: &str, max: usize) -> Result<Vec<String>, PortError>;
-    /// Forgets a claimed message once the broker confirmed it.
-    async fn outbox_done(&self, owner: &str, raw: &str) -> Result<(), PortError>;
+    /// Forgets claimed messages once the broker confirmed them.
+    async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError>;
     /// Returns in-flight messages of owners that stopped heartbeating to the outbox.
     async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError>;
 }

@@ -40,6 +40,9 @@ fn arg(name: &str, default: usize) -> usize {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("fanout") {
+        return fanout().await;
+    }
     let cycles = arg("--cycles", 20);
     let jobs = arg("--jobs", 30);
     println!("# fleet-bench: {cycles} container cycles, {jobs} fleet jobs\n");
@@ -161,6 +164,67 @@ async fn main() -> anyhow::Result<()> {
         "\n## Fleet: {jobs} runs submitted at once, 2 workers × concurrency 2\n\ntotal {:.2} s, {:.1} jobs/s\n",
         total,
         jobs as f64 / total
+    );
+    Ok(())
+}
+
+/// A fan-out of N no-op harness jobs into one join (`graphs/bench/fanout.yaml`), timed from
+/// the submission (a `fleet submit` process) to the run's end seen through the API. Prints one
+/// JSON line, in the shape `scripts/bench-fanout.sh` compares with the Celery chord.
+async fn fanout() -> anyhow::Result<()> {
+    let n = arg("--n", 1000);
+    let repeat = arg("--repeat", 3);
+    let workers = arg("--workers", 2);
+    let concurrency = arg("--concurrency", 8);
+    let stack = Stack::start_with("fan", workers, concurrency, &[]).await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let graph = workspace_root()
+        .join("graphs/bench/fanout.yaml")
+        .display()
+        .to_string();
+    let script = stack.dir.path().join("script.json");
+    std::fs::write(&script, "{}")?;
+    let script = script.display().to_string();
+    let mut runs = Vec::new();
+    for r in 0..repeat {
+        let input = stack.dir.path().join(format!("fan-{r}.json"));
+        let items: Vec<usize> = (0..n).collect();
+        std::fs::write(
+            &input,
+            serde_json::to_vec(&serde_json::json!({"items": items, "round": r}))?,
+        )?;
+        let t = Instant::now();
+        let out = stack.cli(&[
+            "submit",
+            "--graph",
+            &graph,
+            "--repo",
+            &repo,
+            "--input",
+            &input.display().to_string(),
+            "--script",
+            &script,
+        ])?;
+        anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+        let run = out.stdout.trim().to_string();
+        let st = stack
+            .wait_run_every(&run, Duration::from_secs(600), Duration::from_millis(10))
+            .await?;
+        let secs = t.elapsed().as_secs_f64();
+        anyhow::ensure!(st["status"] == "succeeded", "{st}");
+        anyhow::ensure!(
+            st["joins"]["gather"]["fired"] == 1,
+            "the join fired once: {st}"
+        );
+        runs.push(secs);
+    }
+    let mut sorted = runs.clone();
+    sorted.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    let median = sorted[sorted.len() / 2];
+    println!(
+        "{}",
+        serde_json::json!({"system": "fleet-fanout-join", "n": n, "runs": runs, "median": median,
+            "workers": workers, "concurrency": concurrency})
     );
     Ok(())
 }

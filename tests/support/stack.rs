@@ -83,6 +83,8 @@ pub struct Stack {
     coordinator: Proc,
     workers: BTreeMap<String, Proc>,
     worker_env: Vec<(String, String)>,
+    /// Jobs each worker runs at once.
+    pub worker_concurrency: usize,
     http: reqwest::Client,
 }
 
@@ -91,6 +93,16 @@ impl Stack {
     pub async fn start(
         tag: &str,
         workers: usize,
+        worker_env: &[(&str, &str)],
+    ) -> anyhow::Result<Stack> {
+        Self::start_with(tag, workers, 2, worker_env).await
+    }
+
+    /// Like `start`, with `concurrency` jobs at once per worker.
+    pub async fn start_with(
+        tag: &str,
+        workers: usize,
+        concurrency: usize,
         worker_env: &[(&str, &str)],
     ) -> anyhow::Result<Stack> {
         let ns = unique_namespace(tag);
@@ -114,6 +126,7 @@ impl Stack {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            worker_concurrency: concurrency,
             http: reqwest::Client::new(),
         };
         stack.wait_healthy().await?;
@@ -145,7 +158,7 @@ impl Stack {
                 "--id",
                 id,
                 "--concurrency",
-                "2",
+                &self.worker_concurrency.to_string(),
                 "--work-dir",
                 &work_dir.display().to_string(),
             ],

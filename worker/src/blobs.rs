@@ -120,6 +120,22 @@ impl Blobs {
         Ok(key)
     }
 
+    /// Content key of a JSON value and, when it is small, the value to carry inline; a large
+    /// value is stored under its key instead.
+    pub async fn inline_or_store<T: Serialize + Clone>(
+        &self,
+        value: &T,
+        limit: usize,
+    ) -> Result<(String, Option<T>), BlobError> {
+        let bytes = serde_json::to_vec(value).expect("serializable value");
+        let key = format!("blobs/{}", sha256_hex(&bytes));
+        if bytes.len() <= limit {
+            return Ok((key, Some(value.clone())));
+        }
+        self.put(&key, bytes).await?;
+        Ok((key, None))
+    }
+
     /// Reads a content-addressed blob and checks its hash.
     pub async fn get_content<T: DeserializeOwned>(&self, key: &str) -> Result<T, BlobError> {
         let bytes = self.get(key).await?;

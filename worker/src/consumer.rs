@@ -4,7 +4,7 @@
 
 use crate::queue::{Broker, Incoming, QueueName};
 use crate::runner::{RunError, Runner};
-use shared::messages::{JobEnvelope, JobSpec, ResultEnvelope, WIRE_VERSION};
+use shared::messages::{JobEnvelope, JobSpec, ResultEnvelope, INLINE_LIMIT, WIRE_VERSION};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -56,7 +56,11 @@ async fn handle(runner: &Runner, broker: &dyn Broker, msg: Incoming) {
             return;
         }
     };
-    let spec: JobSpec = match runner.blobs.get_content(&env.spec_ref).await {
+    let fetched = match env.spec.clone() {
+        Some(inline) => Ok(*inline),
+        None => runner.blobs.get_content::<JobSpec>(&env.spec_ref).await,
+    };
+    let spec: JobSpec = match fetched {
         Ok(s) => s,
         Err(crate::blobs::BlobError::Store(object_store::Error::NotFound { .. }))
         | Err(crate::blobs::BlobError::Decode { .. })
@@ -82,9 +86,9 @@ async fn handle(runner: &Runner, broker: &dyn Broker, msg: Incoming) {
         }
     };
     let stored = async {
-        let key = runner
+        let (key, inline) = runner
             .blobs
-            .put_content(&result)
+            .inline_or_store(&result, INLINE_LIMIT)
             .await
             .map_err(|e| e.to_string())?;
         let envelope = ResultEnvelope {
@@ -92,7 +96,8 @@ async fn handle(runner: &Runner, broker: &dyn Broker, msg: Incoming) {
             job_id: spec.job_id.clone(),
             run_id: spec.run_id.clone(),
             attempt: spec.attempt,
-            result_ref: key.clone(),
+            result_ref: key,
+            result: inline.map(Box::new),
         };
         let body = serde_json::to_vec(&envelope).expect("envelope serializes");
         broker

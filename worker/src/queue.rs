@@ -109,6 +109,18 @@ pub trait Broker: Send + Sync {
         body: &[u8],
         message_id: &str,
     ) -> Result<(), PortError>;
+    /// Publishes several messages, then waits for every confirm (pipelined).
+    async fn publish_many(
+        &self,
+        queue: QueueName,
+        messages: &[(Vec<u8>, String)],
+    ) -> Result<(), PortError> {
+        for (body, id) in messages {
+            self.publish(queue, body, id).await?;
+        }
+        Ok(())
+    }
+
     /// Consumes `queue` with at most `prefetch` unacknowledged messages; survives reconnects.
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming>;
 }

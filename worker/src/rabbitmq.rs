@@ -147,6 +147,40 @@ impl Broker for RabbitBroker {
         outcome
     }
 
+    async fn publish_many(
+        &self,
+        queue: QueueName,
+        messages: &[(Vec<u8>, String)],
+    ) -> Result<(), PortError> {
+        let ch = self.publish_channel().await?;
+        let routing = queue.qualified(&self.namespace);
+        let outcome = async {
+            let mut confirms = Vec::with_capacity(messages.len());
+            for (body, id) in messages {
+                let props = BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_content_type(ShortString::from("application/json"))
+                    .with_message_id(ShortString::from(id.as_str()));
+                confirms.push(
+                    ch.basic_publish("", &routing, BasicPublishOptions::default(), body, props)
+                        .await
+                        .map_err(conn_err)?,
+                );
+            }
+            for c in confirms {
+                if c.await.map_err(conn_err)?.is_nack() {
+                    return Err(PortError::Connection("broker refused a message".into()));
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if outcome.is_err() {
+            self.drop_publish_channel().await;
+        }
+        outcome
+    }
+
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming> {
         let (tx, rx) = mpsc::channel(prefetch.max(1) as usize);
         let uri = self.uri.clone();

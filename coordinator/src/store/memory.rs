@@ -75,7 +75,7 @@ impl RunStore for MemoryRunStore {
         Ok(g.outbox.drain(..n).collect())
     }
 
-    async fn outbox_done(&self, _owner: &str, _raw: &str) -> Result<(), PortError> {
+    async fn outbox_done(&self, _owner: &str, _raws: &[String]) -> Result<(), PortError> {
         Ok(())
     }
 

@@ -27,11 +27,29 @@ for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1
 "#;
 
+const CLAIM: &str = r#"
+redis.call('SET', KEYS[3], 1, 'EX', 10)
+local out = {}
+for i = 1, tonumber(ARGV[1]) do
+  local m = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+  if not m then break end
+  out[#out + 1] = m
+end
+return out
+"#;
+
+const DONE: &str = r#"
+for i = 1, #ARGV do redis.call('LREM', KEYS[1], 1, ARGV[i]) end
+return #ARGV
+"#;
+
 pub struct RedisRunStore {
     conn: ConnectionManager,
     ns: String,
     create: Script,
     commit: Script,
+    claim: Script,
+    done: Script,
 }
 
 fn err(e: redis::RedisError) -> PortError {
@@ -51,6 +69,8 @@ impl RedisRunStore {
             ns: namespace.to_string(),
             create: Script::new(CREATE),
             commit: Script::new(COMMIT),
+            claim: Script::new(CLAIM),
+            done: Script::new(DONE),
         })
     }
 
@@ -145,34 +165,25 @@ impl RunStore for RedisRunStore {
     }
 
     async fn outbox_claim(&self, owner: &str, max: usize) -> Result<Vec<String>, PortError> {
-        let mut conn = self.conn.clone();
-        let _: () = conn
-            .set_ex(self.owner_key(owner), 1, 10)
-            .await
-            .map_err(err)?;
-        let mut out = Vec::new();
-        for _ in 0..max {
-            let moved: Option<String> = redis::cmd("LMOVE")
-                .arg(self.outbox_key())
-                .arg(self.inflight_key(owner))
-                .arg("LEFT")
-                .arg("RIGHT")
-                .query_async(&mut conn)
-                .await
-                .map_err(err)?;
-            match moved {
-                Some(m) => out.push(m),
-                None => break,
-            }
-        }
-        Ok(out)
+        let mut inv = self.claim.prepare_invoke();
+        inv.key(self.outbox_key())
+            .key(self.inflight_key(owner))
+            .key(self.owner_key(owner))
+            .arg(max);
+        inv.invoke_async(&mut self.conn.clone()).await.map_err(err)
     }
 
-    async fn outbox_done(&self, owner: &str, raw: &str) -> Result<(), PortError> {
-        let _: i64 = self
-            .conn
-            .clone()
-            .lrem(self.inflight_key(owner), 1, raw)
+    async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError> {
+        if raws.is_empty() {
+            return Ok(());
+        }
+        let mut inv = self.done.prepare_invoke();
+        inv.key(self.inflight_key(owner));
+        for r in raws {
+            inv.arg(r);
+        }
+        let _: i64 = inv
+            .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
         Ok(())
