@@ -442,6 +442,12 @@ async fn an_approval_node_pauses_the_run_until_approved_through_the_cli() -> any
     assert_eq!(s["status"], "running");
     assert_eq!(s["awaiting_approval"], json!(["review"]));
     assert_eq!(s["jobs"], json!([]), "nothing runs before the decision");
+    let chart = stack.cli(&["graph", "show", &graph, "--run", &run])?;
+    assert!(
+        chart.stdout.contains("class review waiting"),
+        "{}",
+        chart.stdout
+    );
 
     let approve = stack.cli(&[
         "approve",

@@ -40,8 +40,10 @@ fn arg(name: &str, default: usize) -> usize {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    if std::env::args().nth(1).as_deref() == Some("fanout") {
-        return fanout().await;
+    match std::env::args().nth(1).as_deref() {
+        Some("fanout") => return fanout().await,
+        Some("hybrid") => return hybrid().await,
+        _ => {}
     }
     let cycles = arg("--cycles", 20);
     let jobs = arg("--jobs", 30);
@@ -225,6 +227,141 @@ async fn fanout() -> anyhow::Result<()> {
         "{}",
         serde_json::json!({"system": "fleet-fanout-join", "n": n, "runs": runs, "median": median,
             "workers": workers, "concurrency": concurrency})
+    );
+    Ok(())
+}
+
+/// The hybrid TDD graph with the built-in agent against the fake LLM server, which waits a
+/// fixed delay before every answer. Compares the run's wall time with its critical path: the
+/// longest chain of its own jobs (each job's predecessor is the job that finished last before
+/// it was published), observers excluded.
+async fn hybrid() -> anyhow::Result<()> {
+    use fleet_tests::fake_llm::{Conversation, FakeLlm, ScriptedReply};
+    let delay = Duration::from_millis(arg("--delay-ms", 1000) as u64);
+    let examples = workspace_root().join("examples/hybrid-stack");
+    let script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        examples.join("script-happy.json"),
+    )?)?;
+    let agent_turns = |node: &str| -> Vec<ScriptedReply> {
+        let step = &script[node][0];
+        let mut replies: Vec<ScriptedReply> = step["files"]
+            .as_object()
+            .map(|files| {
+                files
+                    .iter()
+                    .map(|(path, content)| {
+                        ScriptedReply::tool_use(
+                            "write_file",
+                            serde_json::json!({"path": path, "content": content}),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        replies.push(ScriptedReply::tool_use("submit", step["output"].clone()));
+        replies
+    };
+    let witness: Vec<ScriptedReply> = (0..3)
+        .map(|_| ScriptedReply::tool_use("submit", script["witness"][0]["output"].clone()))
+        .collect();
+    let llm = FakeLlm::start_conversations(
+        vec![
+            Conversation::new("You are the TYPES agent", agent_turns("types")),
+            Conversation::new("You are the TYPE ADVERSARY", agent_turns("type_adversary")),
+            Conversation::new("You are the TESTS agent", agent_turns("tests")),
+            Conversation::new("You are the IMPL agent", agent_turns("impl")),
+            Conversation::new("You are the MUTATION ADVERSARY", agent_turns("mutation")),
+            Conversation::new("You are the WITNESS", witness),
+        ],
+        delay,
+    )
+    .await?;
+    let stack = Stack::start(
+        "hybench",
+        2,
+        &[
+            ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
+            ("ANTHROPIC_API_KEY", "bench-key"),
+            ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
+        ],
+    )
+    .await?;
+    let repo = stack.dir.path().join("stack-repo");
+    let made = std::process::Command::new(examples.join("make-repo.sh"))
+        .arg(&repo)
+        .output()?;
+    anyhow::ensure!(made.status.success(), "make-repo failed");
+    let t = Instant::now();
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &workspace_root()
+            .join("graphs/hybrid-tdd/graph.yaml")
+            .display()
+            .to_string(),
+        "--repo",
+        &repo.display().to_string(),
+        "--input",
+        &examples.join("input.json").display().to_string(),
+        "--llm-api",
+        "anthropic",
+        "--llm-model",
+        "fake-model",
+    ])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    let run = out.stdout.trim().to_string();
+    let status = stack
+        .wait_run_every(&run, Duration::from_secs(600), Duration::from_millis(10))
+        .await?;
+    let wall = t.elapsed().as_secs_f64();
+    anyhow::ensure!(status["status"] == "succeeded", "{status}");
+
+    let ts = |v: &serde_json::Value| v.as_str().map(chrono_secs);
+    let mut jobs: Vec<(String, f64, f64, f64)> = status["jobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|j| j["node"] != "witness")
+        .filter_map(|j| {
+            Some((
+                j["node"].as_str()?.to_string(),
+                ts(&j["published_at"])?,
+                ts(&j["started_at"])?,
+                ts(&j["ended_at"])?,
+            ))
+        })
+        .collect();
+    jobs.sort_by(|a, b| a.1.partial_cmp(&b.1).expect("no NaN"));
+    // Longest chain: each job follows the job that finished last before it was published.
+    let mut chain: Vec<f64> = Vec::new();
+    for (i, (_, published, start, end)) in jobs.iter().enumerate() {
+        let pred = (0..i)
+            .filter(|k| jobs[*k].3 <= *published + 0.001)
+            .max_by(|a, b| jobs[*a].3.partial_cmp(&jobs[*b].3).expect("no NaN"));
+        chain.push((end - start) + pred.map(|k| chain[k]).unwrap_or(0.0));
+    }
+    let critical = chain.iter().cloned().fold(0.0, f64::max);
+    let sequential: f64 = jobs.iter().map(|j| j.3 - j.2).sum();
+    let usage = stack.get(&format!("/v1/runs/{run}/result")).await?["usage"].clone();
+    println!("## Hybrid TDD graph: wall time against its critical path\n");
+    println!(
+        "fake LLM delay {} ms per call; {} LLM calls; built-in agent (Anthropic wire format)\n",
+        delay.as_millis(),
+        usage["llm_calls"]
+    );
+    println!("| node | duration s |\n|---|---|");
+    for (node, _, start, end) in &jobs {
+        println!("| {node} | {:.2} |", end - start);
+    }
+    println!("\n| measure | seconds |\n|---|---|");
+    println!("| wall (submit → finished) | {wall:.2} |");
+    println!("| critical path (longest chain of its jobs) | {critical:.2} |");
+    println!("| all jobs one after another | {sequential:.2} |");
+    println!(
+        "\nwall / critical path: {:.2}; sequential / wall: {:.2}",
+        wall / critical,
+        sequential / wall
     );
     Ok(())
 }

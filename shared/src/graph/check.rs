@@ -623,6 +623,39 @@ nodes:
     }
 
     #[test]
+    fn refuses_a_join_whose_inputs_cannot_all_arrive() {
+        let yaml = r#"
+name: j
+start: a
+nodes:
+  a:
+    kind: harness
+    op: noop
+    routes: [{to: [b, c]}]
+  b:
+    kind: harness
+    op: noop
+    routes: [{to: meet}]
+  c:
+    kind: harness
+    op: noop
+    routes: [{to: done}]
+  meet:
+    kind: join
+    wait_for: [b, c]
+    routes: [{to: done}]
+  done:
+    kind: exit
+    status: "true"
+"#;
+        let errs = load(yaml).unwrap_err();
+        assert!(
+            errs.iter().any(|e| e.contains("node `meet`: field `wait_for`: `c` never routes to this join")),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
     fn refuses_unknown_fields_with_a_location() {
         let errs = load(&OK.replace("max_visits", "max_visit")).unwrap_err();
         assert!(errs[0].starts_with("g.yaml: malformed graph"), "{errs:?}");
