@@ -84,7 +84,7 @@ else
   log "fleet fan-out/join: n=$n repeat=$repeat"
   if out="$(FLEET_BIN="$root/target/release/fleet" target/release/fleet-bench fanout \
               --n "$n" --repeat "$repeat" 2>"$tmp/fleet.err")"; then
-    fleet_line="$(printf '%s\n' "$out" | grep '"system"' | grep 'fleet-fanout-join' | tail -n 1 || true)"
+    fleet_line="$(printf '%s\n' "$out" | grep '"system"' | grep 'fleet-fanout-join' || true)"
     [ -n "$fleet_line" ] || fleet_note="fleet-bench fanout printed no JSON result line"
   else
     fleet_note="fleet-bench fanout failed (exit $?); last lines of its stderr: $(tail -n 5 "$tmp/fleet.err" | tr '\n' ' ')"
@@ -100,7 +100,7 @@ CORES="$(nproc)" CONCURRENCY="$concurrency" CELERY_VERSION="$celery_version" pyt
 import json, os
 
 celery = json.loads(os.environ["CELERY_LINE"])
-fleet = json.loads(os.environ["FLEET_LINE"]) if os.environ["FLEET_LINE"] else None
+fleets = [json.loads(l) for l in os.environ["FLEET_LINE"].splitlines() if l.strip()]
 print(f"## Fan-out of {celery['n']} no-op jobs into one join "
       f"({os.environ['CORES']} cores; celery {os.environ['CELERY_VERSION']}, "
       f"prefork concurrency {os.environ['CONCURRENCY']})\n")
@@ -112,9 +112,12 @@ def row(result, ratio):
     print(f"| {result['system']} | {result['n']} | {result['median']:.3f} | {runs} | {ratio} |")
 
 row(celery, "1.00x")
-if fleet:
+for fleet in fleets:
     ratio = celery["median"] / fleet["median"] if fleet["median"] > 0 else float("inf")
     row(fleet, f"{ratio:.2f}x")
+if fleets:
+    f = fleets[0]
+    print(f"\nfleet: {f.get('workers')} workers, {f.get('concurrency')} jobs in flight each (async tasks, not processes).")
 else:
     print(f"| fleet-fanout-join | - | - | - | not run: {os.environ['FLEET_NOTE']} |")
 print("\nratio = celery median / system median (above 1: faster than the Celery chord).")

@@ -19,6 +19,7 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/runs", post(create_run).get(list_runs))
         .route("/v1/runs/:id", get(run_status))
+        .route("/v1/runs/:id/summary", get(run_summary))
         .route("/v1/runs/:id/result", get(run_result))
         .route("/v1/runs/:id/cancel", post(cancel_run))
         .route("/v1/runs/:id/approvals/:node", post(decide))
@@ -140,6 +141,22 @@ async fn run_status(
 ) -> ApiResult<Json<Value>> {
     let s = c.load(&RunId::new(id)).await?;
     Ok(Json(status_view(&s)))
+}
+
+/// The status without the job list: cheap enough to poll while a large fan-out runs.
+async fn run_summary(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let s = c.load(&RunId::new(id)).await?;
+    Ok(Json(json!({
+        "run_id": s.run_id, "graph": s.graph_name, "status": s.status,
+        "awaiting_approval": s.awaiting_approval(),
+        "visits": s.visits, "usage": s.usage,
+        "jobs_total": s.jobs.len(),
+        "jobs_pending": s.pending_jobs().count(),
+        "created_at": s.created_at, "updated_at": s.updated_at, "finished_at": s.finished_at,
+    })))
 }
 
 async fn run_result(

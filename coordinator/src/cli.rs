@@ -727,16 +727,13 @@ async fn wait(server: &str, run: &str, timeout: Duration) -> anyhow::Result<i32>
     bar.enable_steady_tick(Duration::from_millis(120));
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        let v = client_get(server, &format!("/v1/runs/{run}")).await?;
+        let v = client_get(server, &format!("/v1/runs/{run}/summary")).await?;
         let status = v["status"].as_str().unwrap_or("").to_string();
         let visits: Vec<String> = v["visits"]
             .as_object()
             .map(|m| m.iter().map(|(k, n)| format!("{k}×{n}")).collect())
             .unwrap_or_default();
-        let pending = v["jobs"]
-            .as_array()
-            .map(|j| j.iter().filter(|j| j["state"] == "pending").count())
-            .unwrap_or(0);
+        let pending = v["jobs_pending"].as_u64().unwrap_or(0);
         bar.set_message(format!(
             "run {run}: {status} — {} — {pending} job(s) in flight",
             visits.join(" ")

@@ -43,6 +43,7 @@ pub struct Coordinator {
     graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
     outbox_ready: Notify,
     run_locks: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
+    inbox: Mutex<Inbox>,
     mirrored: Mutex<HashMap<RunId, std::time::Instant>>,
 }
 
@@ -78,6 +79,7 @@ impl Coordinator {
             graphs: Mutex::new(HashMap::new()),
             outbox_ready: Notify::new(),
             run_locks: Mutex::new(HashMap::new()),
+            inbox: Mutex::new(Inbox::default()),
             mirrored: Mutex::new(HashMap::new()),
         }
     }
@@ -422,9 +424,51 @@ impl Coordinator {
                 }
             }
             for (run, items) in by_run {
-                let this = self.clone();
-                tokio::spawn(async move { this.settle(run, items).await });
+                self.clone().enqueue(run, items);
             }
+        }
+    }
+
+    /// Queues messages for a run; one flusher per run applies everything queued in one batch,
+    /// so batches grow with the load instead of queueing behind each other.
+    fn enqueue(self: Arc<Self>, run: RunId, items: Vec<(Event, Incoming)>) {
+        let start = {
+            let mut inbox = self.inbox.lock().expect("inbox");
+            inbox.pending.entry(run.clone()).or_default().extend(items);
+            inbox.flushing.insert(run.clone())
+        };
+        if start {
+            tokio::spawn(async move { self.flush(run).await });
+        }
+    }
+
+    async fn flush(&self, run: RunId) {
+        loop {
+            let items = {
+                let mut inbox = self.inbox.lock().expect("inbox");
+                match inbox.pending.remove(&run) {
+                    Some(items) if !items.is_empty() => items,
+                    _ => {
+                        inbox.flushing.remove(&run);
+                        return;
+                    }
+                }
+            };
+            // Events take the time they are applied at.
+            let at = now();
+            let items = items
+                .into_iter()
+                .map(|(mut e, m)| {
+                    match &mut e {
+                        Event::JobFinished { at: t, .. } | Event::JobDead { at: t, .. } => {
+                            *t = at.clone()
+                        }
+                        _ => {}
+                    }
+                    (e, m)
+                })
+                .collect();
+            self.settle(run.clone(), items).await;
         }
     }
 
@@ -532,6 +576,13 @@ impl Coordinator {
 }
 
 /// Does the transition write the run's result (a finish, or a late advisory report)?
+/// Messages waiting to be applied, per run, and the runs with a flusher at work.
+#[derive(Default)]
+struct Inbox {
+    pending: HashMap<RunId, Vec<(Event, Incoming)>>,
+    flushing: std::collections::HashSet<RunId>,
+}
+
 fn finishes(effects: &[Effect]) -> bool {
     effects
         .iter()

@@ -338,7 +338,37 @@ impl Drop for Stack {
         for id in self.workers.keys() {
             remove_containers(&format!("fleet.worker={id}"));
         }
+        delete_queues(&self.ns);
     }
+}
+
+/// Deletes a namespace's queues, so test runs do not pile quorum queues up in the broker.
+pub fn delete_queues(ns: &str) {
+    let ns = ns.to_string();
+    let cleanup = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            let Ok(conn) =
+                lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default()).await
+            else {
+                return;
+            };
+            if let Ok(ch) = conn.create_channel().await {
+                for suffix in ["jobs", "results", "jobs.dead"] {
+                    let _ = ch
+                        .queue_delete(&format!("{ns}.{suffix}"), Default::default())
+                        .await;
+                }
+            }
+            let _ = conn.close(200, "test done").await;
+        });
+    });
+    let _ = cleanup.join();
 }
 
 pub struct CliOutput {
