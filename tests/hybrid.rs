@@ -132,6 +132,29 @@ async fn the_happy_path_succeeds_with_a_complete_result_and_parallel_blind_branc
     );
     assert_eq!(r["understanding"]["converging"], true);
     assert!(r["witness"]["observations"].as_array().is_some());
+    // The witness is an observer: reports that arrive after the exit are attached to the result.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = stack.get(&format!("/v1/runs/{run}/result")).await?["result"].clone();
+        if r["advisory_pending"]
+            .as_array()
+            .is_none_or(|p| p.is_empty())
+        {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the witness never reported: {r}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let reported = r["witness"]["observations"]
+        .as_array()
+        .map(Vec::len)
+        .unwrap_or(0)
+        + usize::from(r["observers"]["witness"].is_object());
+    assert!(reported >= 1, "{r}");
+    assert_eq!(
+        status["visits"]["witness"], 3,
+        "types, tests and impl were observed"
+    );
 
     // Tests and impl ran at overlapping times, on fresh worktrees of the skeleton.
     let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
@@ -310,6 +333,24 @@ async fn surviving_mutants_block_in_blocking_mode_and_only_advise_otherwise() ->
     .await?;
     let (_, r) = finish(&stack, &critical).await?;
     assert_eq!(r["exit"], "CriticalMutantSurvived", "{r}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unimplemented_property_sketch_blocks_when_coverage_is_required() -> anyhow::Result<()> {
+    let stack = Stack::start("hycov", 2, &[]).await?;
+    let mut script = read_example("script-happy.json")?;
+    script["tests"][0]["output"]["properties"][0]["covers_sketch"] = Value::Null;
+    let run = submit(&stack, script, json!({"require_coverage": true})).await?;
+    let (status, r) = finish(&stack, &run).await?;
+    assert_eq!(status["status"], "failed");
+    assert_eq!(r["exit"], "CoverageEnforcementFailed", "{r}");
+    assert_eq!(
+        r["tests_coverage"]["sketches_uncovered"],
+        json!(["push_pop_inverse"])
+    );
+    let derived = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    assert!(derived.to_string().contains("verify_tdd"));
     Ok(())
 }
 
