@@ -291,6 +291,39 @@ impl RunState {
     }
 }
 
+impl Outcome {
+    /// The outcome of a step the engine takes itself (a join firing, a fan-out, a decision):
+    /// no worker, no container, no commit.
+    fn of_engine(
+        run: &RunId,
+        node: &NodeId,
+        visit: u32,
+        ok: bool,
+        output: Value,
+        at: &str,
+        branch: Option<u32>,
+    ) -> Self {
+        Outcome {
+            job_id: JobId::for_visit(run, node, visit),
+            node: node.clone(),
+            visit,
+            ok,
+            status: if ok { JobStatus::Ok } else { JobStatus::Failed },
+            output,
+            derived: json!({}),
+            error: None,
+            commit: None,
+            artifacts: BTreeMap::new(),
+            usage: Usage::default(),
+            worker: String::new(),
+            started_at: at.to_string(),
+            finished_at: at.to_string(),
+            container_seconds: 0.0,
+            branch,
+        }
+    }
+}
+
 fn outcome_view(o: &Outcome) -> Value {
     json!({
         "node": o.node,
@@ -890,28 +923,10 @@ impl Engine<'_> {
             );
         }
         let all_ok = arrived.values().all(|ok| *ok);
-        self.state.history.push(Outcome {
-            job_id: JobId::for_visit(&self.state.run_id, id, visit),
-            node: id.clone(),
-            visit,
-            ok: all_ok,
-            status: if all_ok {
-                JobStatus::Ok
-            } else {
-                JobStatus::Failed
-            },
-            output: json!({"arrivals": outputs, "count": arrived.len()}),
-            derived: json!({}),
-            error: None,
-            commit: None,
-            artifacts: BTreeMap::new(),
-            usage: Usage::default(),
-            worker: String::new(),
-            started_at: self.at.to_string(),
-            finished_at: self.at.to_string(),
-            container_seconds: 0.0,
-            branch: None,
-        });
+        let output = json!({"arrivals": outputs, "count": arrived.len()});
+        let outcome =
+            Outcome::of_engine(&self.state.run_id, id, visit, all_ok, output, self.at, None);
+        self.state.history.push(outcome);
         for t in self.route(n, id, None)? {
             if self.state.status.is_terminal() {
                 break;
@@ -940,24 +955,10 @@ impl Engine<'_> {
         let join = self.state.joins.entry(join_id.clone()).or_default();
         join.arrived.clear();
         join.expected = items.len();
-        self.state.history.push(Outcome {
-            job_id: JobId::for_visit(&self.state.run_id, id, visit),
-            node: id.clone(),
-            visit,
-            ok: true,
-            status: JobStatus::Ok,
-            output: json!({"count": items.len()}),
-            derived: json!({}),
-            error: None,
-            commit: None,
-            artifacts: BTreeMap::new(),
-            usage: Usage::default(),
-            worker: String::new(),
-            started_at: self.at.to_string(),
-            finished_at: self.at.to_string(),
-            container_seconds: 0.0,
-            branch,
-        });
+        let output = json!({"count": items.len()});
+        let outcome =
+            Outcome::of_engine(&self.state.run_id, id, visit, true, output, self.at, branch);
+        self.state.history.push(outcome);
         if items.is_empty() {
             let jn = self.node(&join_id)?.clone();
             return self.fire(&join_id, &jn);

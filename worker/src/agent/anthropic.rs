@@ -5,7 +5,7 @@ use super::llm::{
 };
 use super::{validate, AgentJob, AgentOutcome};
 use serde_json::{json, Value};
-use shared::messages::{JobStatus, LlmConfig, Usage};
+use shared::messages::{LlmConfig, Usage};
 
 const SYSTEM: &str = "You are a coding agent working in a sandboxed repository. Use the tools to \
 inspect it. When you are done, call the `submit` tool with your final answer.";
@@ -25,29 +25,7 @@ pub async fn run(
         .cost(&cfg.model, usage.input_tokens, usage.output_tokens);
     let transcript =
         json!({"api": "anthropic", "model": cfg.model, "system": SYSTEM, "messages": messages});
-    match outcome {
-        Ok(Ok(output)) => AgentOutcome {
-            status: JobStatus::Ok,
-            output,
-            error: None,
-            usage,
-            transcript,
-        },
-        Ok(Err(invalid)) => AgentOutcome {
-            status: JobStatus::OutputInvalid,
-            output: Value::Null,
-            error: Some(invalid),
-            usage,
-            transcript,
-        },
-        Err(e) => AgentOutcome {
-            status: JobStatus::Error,
-            output: Value::Null,
-            error: Some(e.to_string()),
-            usage,
-            transcript,
-        },
-    }
+    super::conclude(outcome, usage, transcript)
 }
 
 /// The conversation so far (a continued session) plus the new prompt. A trailing assistant turn

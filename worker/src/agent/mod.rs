@@ -34,6 +34,27 @@ pub struct AgentJob<'a> {
     pub tools: ToolBox<'a>,
 }
 
+/// How a conversation ended: a valid answer, no valid answer (the schema was never met), or an
+/// error of the API.
+fn conclude(
+    ended: Result<Result<Value, String>, llm::LlmError>,
+    usage: Usage,
+    transcript: Value,
+) -> AgentOutcome {
+    let (status, output, error) = match ended {
+        Ok(Ok(output)) => (JobStatus::Ok, output, None),
+        Ok(Err(invalid)) => (JobStatus::OutputInvalid, Value::Null, Some(invalid)),
+        Err(e) => (JobStatus::Error, Value::Null, Some(e.to_string())),
+    };
+    AgentOutcome {
+        status,
+        output,
+        error,
+        usage,
+        transcript,
+    }
+}
+
 /// The message a nudged agent receives.
 pub const NUDGE: &str = "Time is nearly up for this step. Stop exploring and call `submit` now \
 with your best answer.";

@@ -5,7 +5,7 @@ use super::llm::{
 };
 use super::{validate, AgentJob, AgentOutcome};
 use serde_json::{json, Value};
-use shared::messages::{JobStatus, LlmConfig, Usage};
+use shared::messages::{LlmConfig, Usage};
 
 const SYSTEM: &str = "You are a coding agent working in a sandboxed repository. Use the tools to \
 inspect it. When you are done, call the `submit` function with your final answer.";
@@ -41,18 +41,7 @@ pub async fn run(
         .prices
         .cost(&cfg.model, usage.input_tokens, usage.output_tokens);
     let transcript = json!({"api": "openai", "model": cfg.model, "messages": messages});
-    let (status, output, error) = match outcome {
-        Ok(Ok(output)) => (JobStatus::Ok, output, None),
-        Ok(Err(invalid)) => (JobStatus::OutputInvalid, Value::Null, Some(invalid)),
-        Err(e) => (JobStatus::Error, Value::Null, Some(e.to_string())),
-    };
-    AgentOutcome {
-        status,
-        output,
-        error,
-        usage,
-        transcript,
-    }
+    super::conclude(outcome, usage, transcript)
 }
 
 async fn converse(

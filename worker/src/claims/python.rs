@@ -11,30 +11,28 @@ impl LanguageIndex for Python {
     }
 
     fn index(&self, source: &str) -> Result<FileIndex, String> {
-        let mut parser = Parser::new();
-        parser
-            .set_language(&tree_sitter_python::LANGUAGE.into())
-            .map_err(|e| e.to_string())?;
-        let tree = parser
-            .parse(source, None)
-            .ok_or_else(|| "the parser gave no tree".to_string())?;
+        let tree = parse(source)?;
         let mut index = FileIndex::default();
         visit(tree.root_node(), source.as_bytes(), &mut index);
         Ok(index)
     }
 
     fn not_stubbed(&self, source: &str) -> Result<Vec<String>, String> {
-        let mut parser = Parser::new();
-        parser
-            .set_language(&tree_sitter_python::LANGUAGE.into())
-            .map_err(|e| e.to_string())?;
-        let tree = parser
-            .parse(source, None)
-            .ok_or_else(|| "the parser gave no tree".to_string())?;
+        let tree = parse(source)?;
         let mut out = Vec::new();
         find_real_bodies(tree.root_node(), source.as_bytes(), &mut out);
         Ok(out)
     }
+}
+
+fn parse(source: &str) -> Result<tree_sitter::Tree, String> {
+    let mut parser = Parser::new();
+    parser
+        .set_language(&tree_sitter_python::LANGUAGE.into())
+        .map_err(|e| e.to_string())?;
+    parser
+        .parse(source, None)
+        .ok_or_else(|| "the parser gave no tree".to_string())
 }
 
 fn find_real_bodies(node: Node<'_>, src: &[u8], out: &mut Vec<String>) {
