@@ -297,3 +297,57 @@ async fn a_session_continues_across_nodes_and_a_slow_agent_is_nudged() -> anyhow
         .contains("please also summarise looked around"));
     Ok(())
 }
+
+const WIDE: &str = r#"
+name: wide
+start: spread
+nodes:
+  spread:
+    kind: fanout
+    over: input.items
+    body: noop
+    join: gather
+  noop:
+    kind: harness
+    op: noop
+    routes: [{to: gather}]
+  gather:
+    kind: join
+    routes: [{to: done}]
+  done:
+    kind: exit
+    status: gather.output.count == (input.items | length)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_coordinators_fire_a_wide_join_exactly_once() -> anyhow::Result<()> {
+    let mut stack = Stack::start_with("race", 2, 8, &[]).await?;
+    stack.start_extra_coordinator()?;
+    stack.start_extra_coordinator()?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let g = graph(stack.dir.path(), "wide", WIDE)?;
+    let items: Vec<u32> = (0..300).collect();
+    let (_, status) = run(
+        &stack,
+        &g,
+        json!({"items": items}),
+        &["--script", &{
+            let p = stack.dir.path().join("empty.json");
+            std::fs::write(&p, "{}")?;
+            p.display().to_string()
+        }],
+    )
+    .await?;
+    assert_eq!(status["status"], "succeeded", "{}", status["status"]);
+    assert_eq!(status["joins"]["gather"]["fired"], 1);
+    assert_eq!(status["visits"]["gather"], 1);
+    assert_eq!(status["visits"]["noop"], 300);
+    let done = status["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["state"] == "done")
+        .count();
+    assert_eq!(done, 300, "every branch's result applied exactly once");
+    Ok(())
+}

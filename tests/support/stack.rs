@@ -81,6 +81,7 @@ pub struct Stack {
     pub dir: tempfile::TempDir,
     pub log_dir: PathBuf,
     coordinator: Proc,
+    extra_coordinators: Vec<Proc>,
     workers: BTreeMap<String, Proc>,
     worker_env: Vec<(String, String)>,
     /// Jobs each worker runs at once.
@@ -121,6 +122,7 @@ impl Stack {
             dir: tempfile::tempdir()?,
             log_dir,
             coordinator,
+            extra_coordinators: Vec::new(),
             workers: BTreeMap::new(),
             worker_env: worker_env
                 .iter()
@@ -194,6 +196,20 @@ impl Stack {
             &self.log_dir.join("coordinator-2.log"),
         )?;
         self.wait_healthy().await
+    }
+
+    /// Starts another coordinator on the same namespace, side by side with the first (it
+    /// competes for results and publishes from the shared outbox).
+    pub fn start_extra_coordinator(&mut self) -> anyhow::Result<()> {
+        let port = free_port();
+        let n = self.extra_coordinators.len() + 2;
+        let proc = spawn(
+            &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
+            &base_env(&self.ns),
+            &self.log_dir.join(format!("coordinator-{n}.log")),
+        )?;
+        self.extra_coordinators.push(proc);
+        Ok(())
     }
 
     pub fn kill_coordinator(&mut self) -> anyhow::Result<()> {
@@ -328,6 +344,7 @@ impl Drop for Stack {
         for p in self
             .workers
             .values_mut()
+            .chain(self.extra_coordinators.iter_mut())
             .chain(std::iter::once(&mut self.coordinator))
         {
             if let Some(mut c) = p.child.take() {
