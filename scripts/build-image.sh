@@ -6,6 +6,11 @@ IMAGE="${1:-fleet-agent-py:1}"
 if docker image inspect "$IMAGE" >/dev/null 2>&1; then
   echo "[image] $IMAGE already present"; exit 0
 fi
+if ! command -v debootstrap >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "[image] installing debootstrap"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq debootstrap >/dev/null
+fi
 ROOTFS="$(mktemp -d /tmp/fleet-rootfs.XXXXXX)"
 trap 'rm -rf "$ROOTFS"' EXIT
 echo "[image] debootstrap into $ROOTFS"
