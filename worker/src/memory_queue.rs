@@ -36,7 +36,8 @@ impl Broker for MemoryBroker {
         let (tx, _) = self.channel(queue);
         let dead = match queue {
             QueueName::Jobs => self.channel(QueueName::DeadJobs).0,
-            _ => tx.clone(),
+            // Other queues have no dead-letter queue: a rejected message is dropped.
+            _ => mpsc::unbounded_channel().0,
         };
         tx.send(Incoming {
             body: body.to_vec(),

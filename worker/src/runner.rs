@@ -68,6 +68,16 @@ impl Runner {
     ) -> Result<Self, GitError> {
         std::fs::create_dir_all(config.work_dir.join("jobs"))?;
         let git = GitCache::open(&config.work_dir.join("git"))?;
+        let mut config = config;
+        // A worker that is not root cannot give worktrees away: its containers run as itself
+        // (never as root, since the worker is not).
+        {
+            use std::os::unix::fs::MetadataExt;
+            let me = std::fs::metadata(config.work_dir.join("jobs"))?;
+            if me.uid() != 0 {
+                config.sandbox_user = format!("{}:{}", me.uid(), me.gid());
+            }
+        }
         Ok(Self {
             config,
             blobs,
