@@ -351,3 +351,94 @@ async fn racing_coordinators_fire_a_wide_join_exactly_once() -> anyhow::Result<(
     assert_eq!(done, 300, "every branch's result applied exactly once");
     Ok(())
 }
+
+const SLOW: &str = r#"
+name: slow
+start: work
+nodes:
+  work:
+    kind: agent
+    template: prompt.md
+    output_schema: schema.json
+    image: fleet-agent-py:1
+    timeout_seconds: 4
+    with: {name: "'work'"}
+    routes: [{to: done}]
+  done: {kind: exit, status: work.ok}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_worker_is_superseded_and_its_late_result_is_rejected() -> anyhow::Result<()> {
+    let stack = Stack::start("hung", 2, &[]).await?;
+    let g = graph(stack.dir.path(), "slow", SLOW)?;
+    let script = json!({"work": [{"output": {"summary": "done"}, "delay_seconds": 3.0}]});
+    let sp = stack.dir.path().join("slow.json");
+    std::fs::write(&sp, serde_json::to_vec(&script)?)?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let input = stack.dir.path().join("in.json");
+    std::fs::write(&input, "{}")?;
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &g,
+        "--repo",
+        &repo,
+        "--input",
+        &input.display().to_string(),
+        "--script",
+        &sp.display().to_string(),
+    ])?;
+    anyhow::ensure!(out.code == 0, "{}", out.stderr);
+    let run = out.stdout.trim().to_string();
+
+    // The worker that took the job hangs (SIGSTOP): no result, no ack, connection still open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let victim = loop {
+        let found = fleet_tests::stack::containers(&format!("fleet.job={run}.work.1"));
+        if let Some(w) = found
+            .first()
+            .and_then(|c| fleet_tests::stack::container_label(c, "fleet.worker"))
+        {
+            break w;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stack.pause_worker(&victim)?;
+
+    // Its deadline (start + 4 s timeout + 2 s grace) passes: attempt 2 runs on the other worker.
+    let status = stack.wait_run(&run, Duration::from_secs(60)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let job = &status["jobs"][0];
+    assert_eq!(job["attempt"], 2);
+    assert_ne!(job["worker"].as_str(), Some(victim.as_str()));
+
+    // The hung worker wakes up and reports attempt 1: fenced off as stale.
+    stack.resume_worker(&victim)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = stack.get_text("/metrics").await?;
+        let stale = metrics
+            .lines()
+            .any(|l| l.starts_with("fleet_events_total{applied=\"stale\"}") && !l.ends_with(" 0"));
+        if stale {
+            assert!(metrics.contains("fleet_jobs_reissued_total 1"), "{metrics}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late result never came: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    assert_eq!(
+        logs.as_array().unwrap().len(),
+        1,
+        "one result for the job: {logs}"
+    );
+    Ok(())
+}

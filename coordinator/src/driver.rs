@@ -44,6 +44,8 @@ pub struct Coordinator {
     outbox_ready: Notify,
     run_locks: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
     inbox: Mutex<Inbox>,
+    /// Time after a started job's own timeout before the watchdog re-issues it.
+    pub reissue_grace: Duration,
     mirrored: Mutex<HashMap<RunId, std::time::Instant>>,
 }
 
@@ -80,6 +82,12 @@ impl Coordinator {
             outbox_ready: Notify::new(),
             run_locks: Mutex::new(HashMap::new()),
             inbox: Mutex::new(Inbox::default()),
+            reissue_grace: Duration::from_secs(
+                std::env::var("FLEET_REISSUE_GRACE_SECONDS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(60),
+            ),
             mirrored: Mutex::new(HashMap::new()),
         }
     }
@@ -215,6 +223,7 @@ impl Coordinator {
             match self.store.commit(&current, version, &outbox).await? {
                 CasOutcome::Committed => {
                     self.after_commit(&current, &effects).await;
+                    self.watch(run, &effects).await;
                     if !outbox.is_empty() {
                         self.outbox_ready.notify_one();
                     }
@@ -279,6 +288,67 @@ impl Coordinator {
         for name in ["result.json", "run_summary.json"] {
             if let Err(e) = self.blobs.delete(&format!("{prefix}{name}")).await {
                 warn!(run = %state.run_id, error = %e, "could not remove a result file of a lost race");
+            }
+        }
+    }
+
+    /// Records the deadlines of started jobs for the watchdog.
+    async fn watch(&self, run: &RunId, effects: &[Effect]) {
+        let now = chrono::Utc::now().timestamp();
+        for fx in effects {
+            if let Effect::Watch {
+                job_id,
+                attempt,
+                started_at,
+                timeout_seconds,
+            } = fx
+            {
+                let deadline = now + *timeout_seconds as i64 + self.reissue_grace.as_secs() as i64;
+                let watch = format!("{run}|{job_id}|{attempt}|{started_at}");
+                if let Err(e) = self.store.watch(&watch, deadline).await {
+                    warn!(run = %run, job = %job_id, error = %e, "could not watch a started job");
+                }
+            }
+        }
+    }
+
+    /// Re-issues started jobs whose deadline passed without a result (a hung or cut-off
+    /// worker). The engine ignores watches of jobs that finished or moved on.
+    pub async fn watchdog(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let due = match self.store.due(chrono::Utc::now().timestamp(), 100).await {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(error = %e, "watchdog could not read deadlines");
+                    continue;
+                }
+            };
+            for watch in due {
+                let parts: Vec<&str> = watch.split('|').collect();
+                let [run, job, attempt, started_at] = parts.as_slice() else {
+                    continue;
+                };
+                let Ok(attempt) = attempt.parse() else {
+                    continue;
+                };
+                let event = Event::Reissue {
+                    job_id: shared::ids::JobId::new(*job),
+                    attempt,
+                    started_at: started_at.to_string(),
+                    at: now(),
+                };
+                match self.apply(&RunId::new(*run), &event).await {
+                    Ok(Applied::Changed) => {
+                        warn!(run = %run, job = %job, attempt, "job passed its deadline; re-issued");
+                        self.metrics.reissued.inc();
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(run = %run, job = %job, error = %e, "could not re-issue a job"),
+                }
             }
         }
     }
@@ -502,6 +572,15 @@ impl Coordinator {
             QueueName::Results => {
                 let env: ResultEnvelope =
                     serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
+                if let Some(worker) = env.started {
+                    let event = Event::JobStarted {
+                        job_id: env.job_id,
+                        attempt: env.attempt,
+                        worker,
+                        at: now(),
+                    };
+                    return Ok((env.run_id, event));
+                }
                 let result: JobResult = match env.result {
                     Some(inline) => *inline,
                     None => self
@@ -571,7 +650,8 @@ impl Coordinator {
         let relay = tokio::spawn(self.clone().relay(shutdown.clone()));
         let results = tokio::spawn(self.clone().consume(QueueName::Results, shutdown.clone()));
         let dead = tokio::spawn(self.clone().consume(QueueName::DeadJobs, shutdown.clone()));
-        let _ = tokio::join!(relay, results, dead);
+        let watchdog = tokio::spawn(self.clone().watchdog(shutdown.clone()));
+        let _ = tokio::join!(relay, results, dead, watchdog);
     }
 }
 

@@ -10,6 +10,7 @@ pub struct CoordinatorMetrics {
     pub events: IntCounterVec,
     pub cas_conflicts: IntCounter,
     pub jobs_published: IntCounter,
+    pub reissued: IntCounter,
 }
 
 impl CoordinatorMetrics {
@@ -53,6 +54,14 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(jobs_published.clone()))
             .expect("unique");
+        let reissued = IntCounter::new(
+            "fleet_jobs_reissued_total",
+            "started jobs re-issued after passing their deadline",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(reissued.clone()))
+            .expect("unique");
         Self {
             registry,
             runs_created,
@@ -60,6 +69,7 @@ impl CoordinatorMetrics {
             events,
             cas_conflicts,
             jobs_published,
+            reissued,
         }
     }
 

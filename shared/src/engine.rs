@@ -68,7 +68,17 @@ pub struct JobRecord {
     /// Advisory and observer jobs may finish after the run did.
     #[serde(default)]
     pub advisory: bool,
+    #[serde(default)]
+    pub timeout_seconds: u64,
+    /// When and where the current attempt started (from the worker's start notice).
+    #[serde(default)]
+    pub started_at: Option<String>,
+    #[serde(default)]
+    pub worker: Option<String>,
 }
+
+/// A job is re-issued at most this many times before the run fails.
+pub const MAX_ATTEMPTS: Attempt = 3;
 
 /// A finished visit of a node, as the engine and expressions see it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -355,6 +365,22 @@ pub enum Event {
         reason: String,
         at: String,
     },
+    /// A worker started a job (its start notice).
+    JobStarted {
+        job_id: JobId,
+        attempt: Attempt,
+        worker: String,
+        at: String,
+    },
+    /// A started job passed its deadline without a result (a hung or cut-off worker): run it
+    /// again as the next attempt; a late result of the old attempt will be stale.
+    Reissue {
+        job_id: JobId,
+        attempt: Attempt,
+        /// The start the deadline was counted from; a later start (a redelivery) supersedes it.
+        started_at: String,
+        at: String,
+    },
     /// A human decided an approval node.
     Decide {
         node: NodeId,
@@ -378,6 +404,13 @@ pub enum Effect {
     /// A finished run's result changed (an advisory or observer node reported late).
     ResultUpdated {
         result: Value,
+    },
+    /// Watch a started job: re-issue it if no result came `timeout_seconds` (plus grace) later.
+    Watch {
+        job_id: JobId,
+        attempt: Attempt,
+        started_at: String,
+        timeout_seconds: u64,
     },
 }
 
@@ -437,6 +470,8 @@ pub fn apply_in_place(
         Event::Start { at }
         | Event::JobFinished { at, .. }
         | Event::JobDead { at, .. }
+        | Event::JobStarted { at, .. }
+        | Event::Reissue { at, .. }
         | Event::Decide { at, .. }
         | Event::Cancel { at } => at.as_str(),
     };
@@ -444,6 +479,8 @@ pub fn apply_in_place(
         Start,
         Finished(JobRecord),
         Dead(JobRecord),
+        Started(JobRecord),
+        Reissue(JobRecord),
         Decide(ApprovalState),
         Cancel,
     }
@@ -487,6 +524,40 @@ pub fn apply_in_place(
                 return unchanged(Applied::Duplicate);
             }
             Step::Dead(record.clone())
+        }
+        Event::JobStarted {
+            job_id, attempt, ..
+        }
+        | Event::Reissue {
+            job_id, attempt, ..
+        } => {
+            let Some(record) = state.jobs.get(job_id) else {
+                return unchanged(Applied::Ignored("unknown job"));
+            };
+            if *attempt < record.attempt {
+                return unchanged(Applied::Stale {
+                    current: record.attempt,
+                });
+            }
+            let live = state.status == RunStatus::Running
+                || (state.status.is_terminal() && record.advisory);
+            if record.state != JobState::Pending || !live {
+                return unchanged(Applied::Duplicate);
+            }
+            match event {
+                // The same worker announcing twice (a redelivered notice) changes nothing; a
+                // different worker took a redelivered job and restarts its clock.
+                Event::JobStarted { worker, .. } if record.worker.as_ref() == Some(worker) => {
+                    return unchanged(Applied::Duplicate)
+                }
+                Event::JobStarted { .. } => Step::Started(record.clone()),
+                Event::Reissue { started_at, .. }
+                    if record.started_at.as_ref() != Some(started_at) =>
+                {
+                    return unchanged(Applied::Ignored("a later start supersedes this deadline"))
+                }
+                _ => Step::Reissue(record.clone()),
+            }
         }
         Event::Decide { node, .. } => {
             let Some(approval) = state
@@ -546,6 +617,21 @@ pub fn apply_in_place(
             },
         ) => {
             e.decide(node, approval, *approved, by, comment)?;
+        }
+        (Step::Started(record), Event::JobStarted { job_id, worker, .. }) => {
+            if let Some(r) = e.state.jobs.get_mut(job_id) {
+                r.started_at = Some(at.to_string());
+                r.worker = Some(worker.clone());
+            }
+            e.fx.push(Effect::Watch {
+                job_id: job_id.clone(),
+                attempt: record.attempt,
+                started_at: at.to_string(),
+                timeout_seconds: record.timeout_seconds,
+            });
+        }
+        (Step::Reissue(record), Event::Reissue { job_id, .. }) => {
+            e.reissue(job_id, record)?;
         }
         (Step::Cancel, _) => {
             e.finish(RunStatus::Cancelled, json!({"reason": "cancelled"}));
@@ -997,6 +1083,28 @@ impl Engine<'_> {
         Ok(())
     }
 
+    /// Runs a job again as its next attempt, or fails the run when the attempts are used up.
+    fn reissue(&mut self, job_id: &JobId, record: JobRecord) -> Result<(), EngineError> {
+        if record.attempt >= MAX_ATTEMPTS {
+            self.finish_job(job_id);
+            let result = json!({"reason": "job_never_finished", "job_id": job_id,
+                "node": record.node, "attempts": record.attempt});
+            self.finish(RunStatus::Failed, result);
+            return Ok(());
+        }
+        let n = self.node(&record.node)?.clone();
+        let ctx = self.state.context_in(record.branch);
+        self.publish_attempt(
+            &record.node,
+            &n,
+            record.visit,
+            record.branch,
+            None,
+            &ctx,
+            record.attempt + 1,
+        )
+    }
+
     fn publish(
         &mut self,
         id: &NodeId,
@@ -1005,6 +1113,20 @@ impl Engine<'_> {
         branch: Option<u32>,
         from: Option<&NodeId>,
         ctx: &Value,
+    ) -> Result<(), EngineError> {
+        self.publish_attempt(id, n, visit, branch, from, ctx, 1)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish_attempt(
+        &mut self,
+        id: &NodeId,
+        n: &Node,
+        visit: u32,
+        branch: Option<u32>,
+        from: Option<&NodeId>,
+        ctx: &Value,
+        attempt: Attempt,
     ) -> Result<(), EngineError> {
         let err = Self::expr_err(id);
         let mut params = Map::new();
@@ -1067,7 +1189,7 @@ impl Engine<'_> {
             run_id: self.state.run_id.clone(),
             node: id.clone(),
             visit,
-            attempt: 1,
+            attempt,
             kind: n.kind,
             graph_ref: self.state.graph_ref.clone(),
             image: match self.bundle.graph.image_for(n) {
@@ -1090,18 +1212,25 @@ impl Engine<'_> {
             branch,
             continues,
             nudge_after_seconds: n.nudge_after_seconds,
+            // Jobs that may run long announce their start, so a hung worker can be superseded.
+            notify_start: matches!(n.kind, NodeKind::Agent | NodeKind::Command)
+                || (n.kind == NodeKind::Harness
+                    && !matches!(n.op.as_deref(), Some("noop" | "apply_patch"))),
         };
         self.state.jobs.insert(
             job_id,
             JobRecord {
                 node: id.clone(),
                 visit,
-                attempt: 1,
+                attempt,
                 state: JobState::Pending,
                 published_at: self.at.to_string(),
                 finished_at: None,
                 branch,
                 advisory,
+                timeout_seconds: self.bundle.graph.timeout_for(n),
+                started_at: None,
+                worker: None,
             },
         );
         self.fx.push(Effect::Publish(Box::new(spec)));

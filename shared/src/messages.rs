@@ -39,6 +39,9 @@ pub struct ResultEnvelope {
     /// The result itself when it is small (at most `INLINE_LIMIT` bytes of JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Box<JobResult>>,
+    /// A start notice instead of a result: the worker that took the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
 }
 
 /// A repository as the fleet sees it: packfiles in object storage that together hold every
@@ -166,6 +169,9 @@ pub struct JobSpec {
     pub continues: Option<String>,
     #[serde(default)]
     pub nudge_after_seconds: Option<u64>,
+    /// The worker announces the job's start (see `ResultEnvelope::started`).
+    #[serde(default)]
+    pub notify_start: bool,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -53,4 +53,8 @@ pub trait RunStore: Send + Sync {
     async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError>;
     /// Returns in-flight messages of owners that stopped heartbeating to the outbox.
     async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError>;
+    /// Remembers a deadline (unix seconds) for a started job attempt; `watch` is opaque.
+    async fn watch(&self, watch: &str, deadline: i64) -> Result<(), PortError>;
+    /// Takes up to `max` watches whose deadline passed (each is handed out once).
+    async fn due(&self, now: i64, max: usize) -> Result<Vec<String>, PortError>;
 }

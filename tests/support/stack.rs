@@ -42,6 +42,8 @@ pub fn base_env(ns: &str) -> Vec<(String, String)> {
         ("FLEET_NAMESPACE", ns),
         ("FLEET_LOG", "info,lapin=warn"),
         ("RUST_BACKTRACE", "0"),
+        // Re-issue a started job 2 s after its own timeout (production default: 60 s).
+        ("FLEET_REISSUE_GRACE_SECONDS", "2"),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -168,6 +170,30 @@ impl Stack {
             &log,
         )?;
         self.workers.insert(id.to_string(), proc);
+        Ok(())
+    }
+
+    /// SIGSTOP: the worker hangs (keeps its connection and its unacked job) until resumed.
+    pub fn pause_worker(&self, id: &str) -> anyhow::Result<()> {
+        self.signal_worker(id, "-STOP")
+    }
+
+    pub fn resume_worker(&self, id: &str) -> anyhow::Result<()> {
+        self.signal_worker(id, "-CONT")
+    }
+
+    fn signal_worker(&self, id: &str, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .workers
+            .get(id)
+            .and_then(|p| p.child.as_ref())
+            .map(|c| c.id())
+            .ok_or_else(|| anyhow!("no running worker {id}"))?;
+        let st = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()?;
+        anyhow::ensure!(st.success(), "kill {signal} {pid} failed");
         Ok(())
     }
 

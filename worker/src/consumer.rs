@@ -77,6 +77,23 @@ async fn handle(runner: &Runner, broker: &dyn Broker, msg: Incoming) {
         }
     };
     info!(job = %spec.job_id, attempt = spec.attempt, delivery = msg.delivery_count, node = %spec.node, "job started");
+    if spec.notify_start {
+        let notice = ResultEnvelope {
+            v: WIRE_VERSION,
+            job_id: spec.job_id.clone(),
+            run_id: spec.run_id.clone(),
+            attempt: spec.attempt,
+            result_ref: String::new(),
+            result: None,
+            started: Some(runner.config.id.clone()),
+        };
+        let body = serde_json::to_vec(&notice).expect("envelope serializes");
+        let id = format!("{}.a{}.started", spec.job_id, spec.attempt);
+        if let Err(e) = broker.publish(QueueName::Results, &body, &id).await {
+            // Only the watchdog misses it: the job itself goes on.
+            warn!(job = %spec.job_id, error = %e, "could not announce the job's start");
+        }
+    }
     let result = match runner.run(&spec).await {
         Ok(r) => r,
         Err(RunError::Transient(reason)) => {
@@ -98,6 +115,7 @@ async fn handle(runner: &Runner, broker: &dyn Broker, msg: Incoming) {
             attempt: spec.attempt,
             result_ref: key,
             result: inline.map(Box::new),
+            started: None,
         };
         let body = serde_json::to_vec(&envelope).expect("envelope serializes");
         broker

@@ -17,6 +17,7 @@ struct Inner {
     runs: BTreeMap<RunId, (RunState, u64)>,
     order: Vec<RunId>,
     outbox: VecDeque<String>,
+    deadlines: Vec<(i64, String)>,
 }
 
 fn encode(m: &OutboxMessage) -> String {
@@ -81,5 +82,23 @@ impl RunStore for MemoryRunStore {
 
     async fn outbox_recover(&self, _owner: &str) -> Result<usize, PortError> {
         Ok(0)
+    }
+
+    async fn watch(&self, watch: &str, deadline: i64) -> Result<(), PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        g.deadlines.push((deadline, watch.to_string()));
+        Ok(())
+    }
+
+    async fn due(&self, now: i64, max: usize) -> Result<Vec<String>, PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        g.deadlines.sort();
+        let n = g
+            .deadlines
+            .iter()
+            .take(max)
+            .take_while(|(d, _)| *d <= now)
+            .count();
+        Ok(g.deadlines.drain(..n).map(|(_, w)| w).collect())
     }
 }

@@ -38,6 +38,12 @@ end
 return out
 "#;
 
+const DUE: &str = r#"
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for i = 1, #due do redis.call('ZREM', KEYS[1], due[i]) end
+return due
+"#;
+
 const DONE: &str = r#"
 for i = 1, #ARGV do redis.call('LREM', KEYS[1], 1, ARGV[i]) end
 return #ARGV
@@ -50,6 +56,7 @@ pub struct RedisRunStore {
     commit: Script,
     claim: Script,
     done: Script,
+    due: Script,
 }
 
 fn err(e: redis::RedisError) -> PortError {
@@ -71,6 +78,7 @@ impl RedisRunStore {
             commit: Script::new(COMMIT),
             claim: Script::new(CLAIM),
             done: Script::new(DONE),
+            due: Script::new(DUE),
         })
     }
 
@@ -85,6 +93,9 @@ impl RedisRunStore {
     }
     fn inflight_key(&self, owner: &str) -> String {
         format!("{}:outbox:inflight:{owner}", self.ns)
+    }
+    fn deadlines_key(&self) -> String {
+        format!("{}:deadlines", self.ns)
     }
     fn owner_key(&self, owner: &str) -> String {
         format!("{}:owner:{owner}", self.ns)
@@ -187,6 +198,22 @@ impl RunStore for RedisRunStore {
             .await
             .map_err(err)?;
         Ok(())
+    }
+
+    async fn watch(&self, watch: &str, deadline: i64) -> Result<(), PortError> {
+        let _: i64 = self
+            .conn
+            .clone()
+            .zadd(self.deadlines_key(), watch, deadline)
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    async fn due(&self, now: i64, max: usize) -> Result<Vec<String>, PortError> {
+        let mut inv = self.due.prepare_invoke();
+        inv.key(self.deadlines_key()).arg(now).arg(max);
+        inv.invoke_async(&mut self.conn.clone()).await.map_err(err)
     }
 
     async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError> {
