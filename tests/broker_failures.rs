@@ -143,3 +143,25 @@ async fn a_broker_restart_mid_run_is_survived_by_coordinator_and_workers() -> an
         .any(|w| stack.log(w).contains("reconnecting")));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_redis_lost_is_restored_from_object_storage_and_finishes() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let stack = Stack::start("lost", 2, &[]).await?;
+    let run = slow_run(&stack, 3.0).await?;
+    wait_for_container(&format!("fleet.job={run}.se.1")).await?;
+    // Redis loses the run (as after a failover that dropped acknowledged writes).
+    let client = redis::Client::open(fleet_tests::stack::REDIS_URL)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(format!("{}:run:{run}", stack.ns))
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(deleted, 1);
+    let status = stack.wait_run(&run, Duration::from_secs(60)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let metrics = stack.get_text("/metrics").await?;
+    assert!(metrics.contains("fleet_runs_restored_total 1"), "{metrics}");
+    Ok(())
+}

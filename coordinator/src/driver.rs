@@ -171,11 +171,7 @@ impl Coordinator {
         let mut wrote_results = false;
         let mut skip = std::collections::HashSet::new();
         let outcome = loop {
-            let (state, version) = self
-                .store
-                .load(run)
-                .await?
-                .ok_or_else(|| DriverError::UnknownRun(run.clone()))?;
+            let (state, version) = self.load_versioned(run).await?;
             let bundle = self.bundle(&state.graph_ref).await?;
             let mut current = state;
             let mut effects = Vec::new();
@@ -354,14 +350,18 @@ impl Coordinator {
     }
 
     /// Mirrors the state to object storage, so a run can be recovered if Redis loses it.
-    /// The mirror is written at most every `MIRROR_EVERY` per run while it runs, and always
-    /// when it ends.
+    /// The mirror is written whenever a transition starts jobs and when the run ends, and
+    /// otherwise at most every `MIRROR_EVERY` per run.
     async fn after_commit(&self, state: &RunState, effects: &[Effect]) {
         let due = {
             let mut times = self.mirrored.lock().expect("mirror times");
             let last = times.get(&state.run_id).copied();
-            let due =
-                state.status.is_terminal() || last.is_none_or(|t| t.elapsed() >= MIRROR_EVERY);
+            // Always when the transition started jobs: a restored run must know every job
+            // that may still report.
+            let publishes = effects.iter().any(|e| matches!(e, Effect::Publish(_)));
+            let due = state.status.is_terminal()
+                || publishes
+                || last.is_none_or(|t| t.elapsed() >= MIRROR_EVERY);
             if due {
                 times.insert(state.run_id.clone(), std::time::Instant::now());
             }
@@ -385,12 +385,31 @@ impl Coordinator {
     }
 
     pub async fn load(&self, run: &RunId) -> Result<RunState, DriverError> {
-        Ok(self
-            .store
+        Ok(self.load_versioned(run).await?.0)
+    }
+
+    /// Loads a run from the run store; a run the store lost (Redis can lose acknowledged
+    /// writes) is restored from its mirror in object storage.
+    async fn load_versioned(&self, run: &RunId) -> Result<(RunState, u64), DriverError> {
+        if let Some(found) = self.store.load(run).await? {
+            return Ok(found);
+        }
+        let key = format!("runs/{run}/state.json");
+        let mirror: RunState = match self.blobs.get_json(&key).await {
+            Ok(s) => s,
+            Err(BlobError::Store(object_store::Error::NotFound { .. })) => {
+                return Err(DriverError::UnknownRun(run.clone()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if self.store.create(&mirror, &[]).await? {
+            warn!(run = %run, "the run store had lost this run; restored it from object storage");
+            self.metrics.restored.inc();
+        }
+        self.store
             .load(run)
             .await?
-            .ok_or_else(|| DriverError::UnknownRun(run.clone()))?
-            .0)
+            .ok_or_else(|| DriverError::UnknownRun(run.clone()))
     }
 
     /// Publishes outbox messages with confirms; forgets each one only after the broker has it.

@@ -11,6 +11,7 @@ pub struct CoordinatorMetrics {
     pub cas_conflicts: IntCounter,
     pub jobs_published: IntCounter,
     pub reissued: IntCounter,
+    pub restored: IntCounter,
 }
 
 impl CoordinatorMetrics {
@@ -62,6 +63,14 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(reissued.clone()))
             .expect("unique");
+        let restored = IntCounter::new(
+            "fleet_runs_restored_total",
+            "runs the run store lost, restored from object storage",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(restored.clone()))
+            .expect("unique");
         Self {
             registry,
             runs_created,
@@ -70,6 +79,7 @@ impl CoordinatorMetrics {
             cas_conflicts,
             jobs_published,
             reissued,
+            restored,
         }
     }
 

@@ -104,7 +104,8 @@ pub async fn submit(
         }
     };
     let run_id = RunId::new(run_id);
-    if coord.store.load(&run_id).await?.is_some() {
+    // An existing run (also one restored from object storage) is returned, not restarted.
+    if coord.load(&run_id).await.is_ok() {
         return Ok(SubmitResponse {
             run_id,
             created: false,
