@@ -349,8 +349,21 @@ async fn an_unimplemented_property_sketch_blocks_when_coverage_is_required() -> 
         r["tests_coverage"]["sketches_uncovered"],
         json!(["push_pop_inverse"])
     );
-    let derived = stack.get(&format!("/v1/runs/{run}/logs")).await?;
-    assert!(derived.to_string().contains("verify_tdd"));
+    // The harness derived the uncovered sketch itself (the agent claimed full coverage).
+    let state = stack
+        .artifact_json(&format!("runs/{run}/state.json"))
+        .await?;
+    let verify = state["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["node"] == "verify_tdd")
+        .unwrap();
+    assert_eq!(verify["derived"]["uncovered"], json!(["push_pop_inverse"]));
+    assert_eq!(
+        r["tests_coverage"]["self_reported"]["sketches_uncovered"],
+        json!([])
+    );
     Ok(())
 }
 
@@ -414,13 +427,11 @@ async fn nothing_of_the_impl_is_reachable_from_the_tests_container() -> anyhow::
         "{}",
         results[2]
     );
-    // And the impl's marker is real: it is in the merged result the harness built.
-    let mutation_prompt = stack
-        .get_text(&format!(
-            "/v1/artifacts/runs/{run}/validate_1/test_report.json"
-        ))
+    // And the impl was really there to find: the merged tests passed against it.
+    let report = stack
+        .artifact_json(&format!("runs/{run}/validate_1/test_report.json"))
         .await?;
-    assert!(mutation_prompt.contains("\"passed\": true"));
+    assert_eq!(report["passed"], true);
     Ok(())
 }
 
