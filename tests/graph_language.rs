@@ -369,7 +369,9 @@ nodes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_worker_is_superseded_and_its_late_result_is_rejected() -> anyhow::Result<()> {
-    let stack = Stack::start("hung", 2, &[]).await?;
+    // One job per worker: the hung worker cannot swallow the re-issued attempt. (A process that
+    // hangs completely also stops its heartbeats; the broker then requeues what it held.)
+    let stack = Stack::start_with("hung", 2, 1, &[]).await?;
     let g = graph(stack.dir.path(), "slow", SLOW)?;
     let script = json!({"work": [{"output": {"summary": "done"}, "delay_seconds": 3.0}]});
     let sp = stack.dir.path().join("slow.json");
