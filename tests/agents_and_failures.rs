@@ -357,3 +357,54 @@ async fn the_embedded_mode_gives_the_same_verdict_and_summary_as_the_fleet() -> 
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_run_stops_its_running_container() -> anyhow::Result<()> {
+    let stack = Stack::start("cancel", 1, &[]).await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let mut script: Value = serde_json::from_str(&std::fs::read_to_string(example(
+        "factory-calc/script-pass.json",
+    ))?)?;
+    script["se"][0]["delay_seconds"] = json!(30.0);
+    let sp = stack.dir.path().join("slow.json");
+    std::fs::write(&sp, serde_json::to_vec(&script)?)?;
+    let out = stack.cli(&[
+        "submit",
+        "--repo",
+        &repo,
+        "--work-order",
+        &example("factory-calc/work_order.json"),
+        "--script",
+        &sp.display().to_string(),
+    ])?;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let run = out.stdout.trim().to_string();
+    let label = format!("fleet.job={run}.se.1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while containers(&label).is_empty() {
+        assert!(Instant::now() < deadline, "the job never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancelled = stack.cli(&["cancel", &run])?;
+    assert_eq!(cancelled.stdout.trim(), "cancelled", "{}", cancelled.stderr);
+    // The worker stops the job and removes its container long before the agent's 30 s.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !containers(&label).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the container outlived the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = stack.get(&format!("/v1/runs/{run}")).await?;
+    assert_eq!(status["status"], "cancelled");
+    assert_eq!(status["jobs"][0]["state"], "cancelled");
+    stack
+        .wait_for_log(
+            &stack.worker_ids()[0],
+            "job stopped",
+            Duration::from_secs(5),
+        )
+        .await?;
+    Ok(())
+}

@@ -220,6 +220,7 @@ impl Coordinator {
                 CasOutcome::Committed => {
                     self.after_commit(&current, &effects).await;
                     self.watch(run, &effects).await;
+                    self.stop_jobs(&effects).await;
                     if !outbox.is_empty() {
                         self.outbox_ready.notify_one();
                     }
@@ -284,6 +285,23 @@ impl Coordinator {
         for name in ["result.json", "run_summary.json"] {
             if let Err(e) = self.blobs.delete(&format!("{prefix}{name}")).await {
                 warn!(run = %state.run_id, error = %e, "could not remove a result file of a lost race");
+            }
+        }
+    }
+
+    /// Tells the workers to stop jobs their run no longer needs (best effort: a job that is
+    /// not stopped finishes and its result is ignored).
+    async fn stop_jobs(&self, effects: &[Effect]) {
+        for fx in effects {
+            if let Effect::StopJobs(jobs) = fx {
+                let control = shared::messages::Control {
+                    v: WIRE_VERSION,
+                    stop_jobs: jobs.clone(),
+                };
+                let body = serde_json::to_vec(&control).expect("control serializes");
+                if let Err(e) = self.broker.broadcast(&body).await {
+                    warn!(error = %e, count = jobs.len(), "could not ask the workers to stop jobs");
+                }
             }
         }
     }

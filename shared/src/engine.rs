@@ -405,6 +405,8 @@ pub enum Effect {
     ResultUpdated {
         result: Value,
     },
+    /// Jobs the run no longer needs (it ended): workers running them may stop.
+    StopJobs(Vec<JobId>),
     /// Watch a started job: re-issue it if no result came `timeout_seconds` (plus grace) later.
     Watch {
         job_id: JobId,
@@ -687,11 +689,16 @@ impl Engine<'_> {
     }
 
     fn finish(&mut self, status: RunStatus, result: Value) {
-        for job in self.state.jobs.values_mut() {
+        let mut stopped = Vec::new();
+        for (id, job) in self.state.jobs.iter_mut() {
             if job.state == JobState::Pending && !job.advisory {
                 job.state = JobState::Cancelled;
                 job.finished_at = Some(self.at.to_string());
+                stopped.push(id.clone());
             }
+        }
+        if !stopped.is_empty() {
+            self.fx.push(Effect::StopJobs(stopped));
         }
         let mut result = result;
         let waiting: Vec<String> = self

@@ -13,6 +13,14 @@ pub const WIRE_VERSION: u32 = 1;
 /// larger ones are stored in object storage and only referenced (the claim-check pattern).
 pub const INLINE_LIMIT: usize = 16 * 1024;
 
+/// Broadcast to every worker (best effort, not persisted).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Control {
+    pub v: u32,
+    /// Jobs no run needs any more: stop them if running here.
+    pub stop_jobs: Vec<JobId>,
+}
+
 /// On the jobs queue.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobEnvelope {

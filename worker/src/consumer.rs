@@ -20,6 +20,22 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
             warn!(worker = %runner.config.id, error = %e, "could not reap orphaned containers")
         }
     }
+    let mut control = broker.listen();
+    let listener = runner.clone();
+    tokio::spawn(async move {
+        while let Some(body) = control.recv().await {
+            match serde_json::from_slice::<shared::messages::Control>(&body) {
+                Ok(c) => {
+                    for job in &c.stop_jobs {
+                        if listener.stop(job) {
+                            info!(job = %job, "stopping a job whose run ended");
+                        }
+                    }
+                }
+                Err(e) => warn!(error = %e, "ignoring a malformed control message"),
+            }
+        }
+    });
     let concurrency = runner.config.concurrency.max(1);
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut jobs = broker.subscribe(QueueName::Jobs, concurrency as u16);

@@ -12,9 +12,18 @@ type Channel = (
     Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Incoming>>>,
 );
 
-#[derive(Default)]
 pub struct MemoryBroker {
     queues: Mutex<HashMap<QueueName, Channel>>,
+    control: tokio::sync::broadcast::Sender<Vec<u8>>,
+}
+
+impl Default for MemoryBroker {
+    fn default() -> Self {
+        Self {
+            queues: Mutex::new(HashMap::new()),
+            control: tokio::sync::broadcast::channel(256).0,
+        }
+    }
 }
 
 impl MemoryBroker {
@@ -48,6 +57,25 @@ impl Broker for MemoryBroker {
             },
         })
         .map_err(|_| PortError::Connection("queue closed".into()))
+    }
+
+    async fn broadcast(&self, body: &[u8]) -> Result<(), PortError> {
+        // No listener is not an error: nothing runs that could stop.
+        let _ = self.control.send(body.to_vec());
+        Ok(())
+    }
+
+    fn listen(&self) -> mpsc::Receiver<Vec<u8>> {
+        let mut rx = self.control.subscribe();
+        let (tx, out) = mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Ok(m) = rx.recv().await {
+                if tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        out
     }
 
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming> {

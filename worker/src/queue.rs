@@ -121,6 +121,12 @@ pub trait Broker: Send + Sync {
         Ok(())
     }
 
+    /// Sends a control message to every worker listening now (not persisted: best effort).
+    async fn broadcast(&self, body: &[u8]) -> Result<(), PortError>;
+
+    /// Receives control messages; survives reconnects.
+    fn listen(&self) -> mpsc::Receiver<Vec<u8>>;
+
     /// Consumes `queue` with at most `prefetch` unacknowledged messages; survives reconnects.
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming>;
 }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -181,6 +181,49 @@ impl Broker for RabbitBroker {
         outcome
     }
 
+    async fn broadcast(&self, body: &[u8]) -> Result<(), PortError> {
+        let ch = self.publish_channel().await?;
+        let exchange = control_exchange(&self.namespace);
+        declare_control(&ch, &exchange).await?;
+        let outcome = async {
+            ch.basic_publish(
+                &exchange,
+                "",
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default(),
+            )
+            .await
+            .map_err(conn_err)?
+            .await
+            .map_err(conn_err)?;
+            Ok(())
+        }
+        .await;
+        if outcome.is_err() {
+            self.drop_publish_channel().await;
+        }
+        outcome
+    }
+
+    fn listen(&self) -> mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = mpsc::channel(256);
+        let uri = self.uri.clone();
+        let exchange = control_exchange(&self.namespace);
+        tokio::spawn(async move {
+            loop {
+                match listen_once(&uri, &exchange, &tx).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        warn!(error = %e, "control listener lost its connection, reconnecting");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+        rx
+    }
+
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming> {
         let (tx, rx) = mpsc::channel(prefetch.max(1) as usize);
         let uri = self.uri.clone();
@@ -200,6 +243,77 @@ impl Broker for RabbitBroker {
         });
         rx
     }
+}
+
+fn control_exchange(ns: &str) -> String {
+    format!("{ns}.control")
+}
+
+async fn declare_control(ch: &Channel, exchange: &str) -> Result<(), PortError> {
+    ch.exchange_declare(
+        exchange,
+        lapin::ExchangeKind::Fanout,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .map_err(conn_err)
+}
+
+/// One connection's life of the control listener: an exclusive queue bound to the fan-out
+/// exchange, consumed without acks (control messages are best effort).
+async fn listen_once(
+    uri: &str,
+    exchange: &str,
+    tx: &mpsc::Sender<Vec<u8>>,
+) -> Result<(), PortError> {
+    let conn = connect(uri).await?;
+    let ch = conn.create_channel().await.map_err(conn_err)?;
+    declare_control(&ch, exchange).await?;
+    let q = ch
+        .queue_declare(
+            "",
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(conn_err)?;
+    ch.queue_bind(
+        q.name().as_str(),
+        exchange,
+        "",
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(conn_err)?;
+    let mut consumer = ch
+        .basic_consume(
+            q.name().as_str(),
+            "",
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(conn_err)?;
+    while let Some(delivery) = consumer.next().await {
+        let delivery = delivery.map_err(conn_err)?;
+        if tx.send(delivery.data).await.is_err() {
+            let _ = conn.close(200, "shutting down").await;
+            return Ok(());
+        }
+    }
+    Err(PortError::Connection("control stream ended".into()))
 }
 
 /// One connection's life: consume until the connection breaks (Err) or the receiver is gone (Ok).

@@ -53,6 +53,8 @@ pub struct Runner {
     git: GitCache,
     http: reqwest::Client,
     graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
+    /// Jobs running here, so a stop from the coordinator can reach them.
+    running: Mutex<HashMap<shared::ids::JobId, tokio_util::sync::CancellationToken>>,
 }
 
 fn now() -> String {
@@ -86,6 +88,7 @@ impl Runner {
             git,
             http: reqwest::Client::new(),
             graphs: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
         })
     }
 
@@ -100,6 +103,26 @@ impl Runner {
             .expect("graph cache lock")
             .insert(key.to_string(), bundle.clone());
         Ok(bundle)
+    }
+
+    /// Stops a job running here (its run ended); false when it does not run here.
+    pub fn stop(&self, job: &shared::ids::JobId) -> bool {
+        match self.running.lock().expect("running jobs").get(job) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn stop_token(&self, job: &shared::ids::JobId) -> tokio_util::sync::CancellationToken {
+        self.running
+            .lock()
+            .expect("running jobs")
+            .entry(job.clone())
+            .or_default()
+            .clone()
     }
 
     /// Runs the job and always cleans up its folder and container.
@@ -118,7 +141,13 @@ impl Runner {
             prefix: &spec.artifact_prefix,
             written: Default::default(),
         };
+        // Known as running from the start, so a stop that comes while it sets up still counts.
+        let _ = self.stop_token(&spec.job_id);
         let outcome = self.execute(spec, &dir, &mut art).await;
+        self.running
+            .lock()
+            .expect("running jobs")
+            .remove(&spec.job_id);
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             warn!(job = %spec.job_id, error = %e, "could not remove the job folder");
         }
@@ -237,8 +266,12 @@ impl Runner {
             None
         };
 
+        let stop = self.stop_token(&spec.job_id);
         let work = self.step(spec, &bundle, worktree.as_ref(), session.as_deref(), art);
-        let stepped = tokio::time::timeout(timeout, work).await;
+        let stepped = tokio::select! {
+            r = tokio::time::timeout(timeout, work) => Some(r),
+            _ = stop.cancelled() => None,
+        };
         if let Some(s) = &session {
             if let Err(e) = s.remove().await {
                 warn!(job = %spec.job_id, error = %e, "could not remove the container");
@@ -250,8 +283,19 @@ impl Runner {
             0.0
         };
         let (step, usage) = match stepped {
-            Ok(r) => r?,
-            Err(_) => (
+            None => {
+                info!(job = %spec.job_id, "job stopped: its run no longer needs it");
+                (
+                    StepOutcome {
+                        status: JobStatus::Error,
+                        output: Value::Null,
+                        error: Some("stopped: the run ended".into()),
+                    },
+                    Usage::default(),
+                )
+            }
+            Some(Ok(r)) => r?,
+            Some(Err(_)) => (
                 StepOutcome {
                     status: JobStatus::TimedOut,
                     output: Value::Null,
