@@ -3,7 +3,8 @@
 
 use fleet_tests::fake_llm::{FakeLlm, ScriptedReply};
 use fleet_tests::stack::{
-    base_env, container_label, containers, example, make_calc_repo, run_cli, Stack,
+    base_env, container_label, containers, example, make_calc_repo, run_cli, wait_for_container,
+    Stack,
 };
 use serde_json::{json, Value};
 use shared::factory::RunSummary;
@@ -210,24 +211,7 @@ async fn the_openai_wire_format_works_too_and_retries_server_errors() -> anyhow:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_job_loses_nothing_and_its_container_is_reaped() -> anyhow::Result<()> {
     let mut stack = Stack::start("kill", 2, &[]).await?;
-    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let mut script: Value = serde_json::from_str(&std::fs::read_to_string(example(
-        "factory-calc/script-pass.json",
-    ))?)?;
-    script["se"][0]["delay_seconds"] = json!(4.0);
-    let script_path = stack.dir.path().join("slow.json");
-    std::fs::write(&script_path, serde_json::to_vec(&script)?)?;
-    let out = stack.cli(&[
-        "submit",
-        "--repo",
-        &repo,
-        "--work-order",
-        &example("factory-calc/work_order.json"),
-        "--script",
-        &script_path.display().to_string(),
-    ])?;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let run = out.stdout.trim().to_string();
+    let run = stack.submit_slow_factory(4.0)?;
 
     // Find the worker whose container runs the se job, and kill it.
     let job = format!("{run}.se.1");
@@ -361,30 +345,9 @@ async fn the_embedded_mode_gives_the_same_verdict_and_summary_as_the_fleet() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_run_stops_its_running_container() -> anyhow::Result<()> {
     let stack = Stack::start("cancel", 1, &[]).await?;
-    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let mut script: Value = serde_json::from_str(&std::fs::read_to_string(example(
-        "factory-calc/script-pass.json",
-    ))?)?;
-    script["se"][0]["delay_seconds"] = json!(30.0);
-    let sp = stack.dir.path().join("slow.json");
-    std::fs::write(&sp, serde_json::to_vec(&script)?)?;
-    let out = stack.cli(&[
-        "submit",
-        "--repo",
-        &repo,
-        "--work-order",
-        &example("factory-calc/work_order.json"),
-        "--script",
-        &sp.display().to_string(),
-    ])?;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let run = out.stdout.trim().to_string();
+    let run = stack.submit_slow_factory(30.0)?;
     let label = format!("fleet.job={run}.se.1");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while containers(&label).is_empty() {
-        assert!(Instant::now() < deadline, "the job never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_container(&label).await?;
     let cancelled = stack.cli(&["cancel", &run])?;
     assert_eq!(cancelled.stdout.trim(), "cancelled", "{}", cancelled.stderr);
     // The worker stops the job and removes its container long before the agent's 30 s.

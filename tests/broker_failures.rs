@@ -2,45 +2,15 @@
 //! server (the restart stops it for a moment), so they live in their own test binary, which
 //! cargo runs after the others, one test at a time.
 
-use fleet_tests::stack::{containers, example, make_calc_repo, Stack, AMQP_URL};
+use fleet_tests::stack::{wait_for_container, Stack, AMQP_URL};
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One test at a time in this binary: a broker restart must not hit another test's stack.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn slow_run(stack: &Stack, delay: f64) -> anyhow::Result<String> {
-    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let mut script: Value = serde_json::from_str(&std::fs::read_to_string(example(
-        "factory-calc/script-pass.json",
-    ))?)?;
-    script["se"][0]["delay_seconds"] = json!(delay);
-    let path = stack.dir.path().join("slow.json");
-    std::fs::write(&path, serde_json::to_vec(&script)?)?;
-    let out = stack.cli(&[
-        "submit",
-        "--repo",
-        &repo,
-        "--work-order",
-        &example("factory-calc/work_order.json"),
-        "--script",
-        &path.display().to_string(),
-    ])?;
-    anyhow::ensure!(out.code == 0, "{}", out.stderr);
-    Ok(out.stdout.trim().to_string())
-}
-
-async fn wait_for_container(label: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while containers(label).is_empty() {
-        anyhow::ensure!(Instant::now() < deadline, "no container with {label}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
 
 async fn publish_raw(queue: &str, body: &[u8]) -> anyhow::Result<()> {
     let conn = Connection::connect(AMQP_URL, ConnectionProperties::default()).await?;
@@ -84,7 +54,7 @@ async fn poison_jobs_are_dead_lettered_and_fail_their_run_with_a_clear_reason() 
         .await?;
 
     // An envelope for a real pending job whose spec cannot be read.
-    let run = slow_run(&stack, 3.0).await?;
+    let run = stack.submit_slow_factory(3.0)?;
     wait_for_container(&format!("fleet.job={run}.se.1")).await?;
     let forged = json!({"v": 1, "job_id": format!("{run}.se.1"), "run_id": run, "attempt": 1,
         "spec_ref": format!("blobs/{}", "0".repeat(64))});
@@ -104,7 +74,7 @@ async fn poison_jobs_are_dead_lettered_and_fail_their_run_with_a_clear_reason() 
 async fn a_broker_restart_mid_run_is_survived_by_coordinator_and_workers() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let stack = Stack::start("restart", 2, &[]).await?;
-    let run = slow_run(&stack, 3.0).await?;
+    let run = stack.submit_slow_factory(3.0)?;
     wait_for_container(&format!("fleet.job={run}.se.1")).await?;
 
     let ctl = |args: &[&str]| -> anyhow::Result<()> {
@@ -149,7 +119,7 @@ async fn a_run_that_redis_lost_is_restored_from_object_storage_and_finishes() ->
 {
     let _serial = SERIAL.lock().await;
     let stack = Stack::start("lost", 2, &[]).await?;
-    let run = slow_run(&stack, 3.0).await?;
+    let run = stack.submit_slow_factory(3.0)?;
     wait_for_container(&format!("fleet.job={run}.se.1")).await?;
     // Redis loses the run (as after a failover that dropped acknowledged writes).
     let client = redis::Client::open(fleet_tests::stack::REDIS_URL)?;

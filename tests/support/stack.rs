@@ -238,6 +238,29 @@ impl Stack {
         Ok(())
     }
 
+    /// Submits the factory example whose SE agent waits `delay` seconds before answering (a job
+    /// that runs long enough to be killed, paused or cancelled); returns the run id.
+    pub fn submit_slow_factory(&self, delay: f64) -> anyhow::Result<String> {
+        let repo = make_calc_repo(self.dir.path())?.display().to_string();
+        let mut script: Value = serde_json::from_str(&std::fs::read_to_string(example(
+            "factory-calc/script-pass.json",
+        ))?)?;
+        script["se"][0]["delay_seconds"] = serde_json::json!(delay);
+        let path = self.dir.path().join("slow.json");
+        std::fs::write(&path, serde_json::to_vec(&script)?)?;
+        let out = self.cli(&[
+            "submit",
+            "--repo",
+            &repo,
+            "--work-order",
+            &example("factory-calc/work_order.json"),
+            "--script",
+            &path.display().to_string(),
+        ])?;
+        anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+        Ok(out.stdout.trim().to_string())
+    }
+
     pub fn kill_coordinator(&mut self) -> anyhow::Result<()> {
         if let Some(mut c) = self.coordinator.child.take() {
             c.kill()?;
@@ -465,6 +488,18 @@ pub fn containers(label: &str) -> Vec<String> {
             .filter(|l| !l.is_empty())
             .collect(),
         Err(_) => Vec::new(),
+    }
+}
+
+/// Waits until a container with the label (`key=value`) exists; returns its id.
+pub async fn wait_for_container(label: &str) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(id) = containers(label).into_iter().next() {
+            return Ok(id);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no container with {label}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -202,6 +202,39 @@ fn excerpt(r: &CmdResult) -> String {
     text::tail(both.trim(), 40, 2000)
 }
 
+/// Runs commands in order until one fails (or cannot be split); the failure becomes a brief of
+/// `stage`. Each item is the argv (or the split error) and the command as the user wrote it.
+async fn run_until_failure(
+    session: &dyn Session,
+    commands: &[(Result<Vec<String>, String>, String)],
+    stage: Stage,
+    label: &str,
+    timeout: Duration,
+    art: &mut Artifacts<'_>,
+) -> Result<(Vec<CmdResult>, Option<FailureBrief>), crate::blobs::BlobError> {
+    let mut results = Vec::new();
+    for (i, (argv, shown)) in commands.iter().enumerate() {
+        let argv = match argv {
+            Ok(a) => a,
+            Err(e) => {
+                return Ok((
+                    results,
+                    Some(FailureBrief::new(stage, Some(shown.clone()), None, e)),
+                ))
+            }
+        };
+        let r = run_logged(session, argv, timeout, &format!("{label}_{i}"), art).await?;
+        if r.exit_code != 0 {
+            let brief =
+                FailureBrief::new(stage, Some(shown.clone()), Some(r.exit_code), &excerpt(&r));
+            results.push(r);
+            return Ok((results, Some(brief)));
+        }
+        results.push(r);
+    }
+    Ok((results, None))
+}
+
 /// PO: global verification (`scripts/verify.sh` or the seed's fallback), then the acceptance
 /// commands in order; the first non-zero exit fails the attempt.
 pub async fn factory_verify(
@@ -220,66 +253,47 @@ pub async fn factory_verify(
         "attempt_index": param(params, "attempt_index"),
         "verify": [], "acceptance": [],
     });
-    let mut verify = Vec::new();
-    let mut brief = None;
-    for (i, argv) in factory::verify_commands(has_script).iter().enumerate() {
-        let r = run_logged(session, argv, timeout, &format!("verify_{i}"), art).await?;
-        let failed_now = r.exit_code != 0;
-        if failed_now {
-            brief = Some(FailureBrief::new(
-                Stage::VerifyFailed,
-                Some(argv.join(" ")),
-                Some(r.exit_code),
-                &excerpt(&r),
-            ));
-        }
-        verify.push(r);
-        if failed_now {
-            break;
-        }
-    }
+    let verify_cmds: Vec<(Result<Vec<String>, String>, String)> =
+        factory::verify_commands(has_script)
+            .into_iter()
+            .map(|argv| {
+                let shown = argv.join(" ");
+                (Ok(argv), shown)
+            })
+            .collect();
+    let (verify, mut brief) = run_until_failure(
+        session,
+        &verify_cmds,
+        Stage::VerifyFailed,
+        "verify",
+        timeout,
+        art,
+    )
+    .await?;
     output["verify"] = json!(verify);
     art.put_json("verify_result.json", &output["verify"])
         .await?;
     let mut acceptance = Vec::new();
     if brief.is_none() {
-        let commands: Vec<String> = param(params, "acceptance_commands")
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (i, command) in commands.iter().enumerate() {
-            let argv = match factory::split_command(command) {
-                Ok(a) => a,
-                Err(e) => {
-                    brief = Some(FailureBrief::new(
-                        Stage::AcceptanceFailed,
-                        Some(command.clone()),
-                        None,
-                        &e,
-                    ));
-                    break;
-                }
-            };
-            let r = run_logged(session, &argv, timeout, &format!("acceptance_{i}"), art).await?;
-            let failed_now = r.exit_code != 0;
-            if failed_now {
-                brief = Some(FailureBrief::new(
-                    Stage::AcceptanceFailed,
-                    Some(command.clone()),
-                    Some(r.exit_code),
-                    &excerpt(&r),
-                ));
-            }
-            acceptance.push(r);
-            if failed_now {
-                break;
-            }
-        }
+        let commands: Vec<(Result<Vec<String>, String>, String)> =
+            param(params, "acceptance_commands")
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(|c| (factory::split_command(c), c.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+        (acceptance, brief) = run_until_failure(
+            session,
+            &commands,
+            Stage::AcceptanceFailed,
+            "acceptance",
+            timeout,
+            art,
+        )
+        .await?;
     }
     output["acceptance"] = json!(acceptance);
     art.put_json("acceptance_result.json", &output["acceptance"])
