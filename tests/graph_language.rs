@@ -68,6 +68,7 @@ nodes:
     tools: [write_file]
     image: fleet-agent-py:1
     worktree: {from: base, mode: rw, commit: true}
+    writes: ["'calc.py'", "'left.txt'"]
     with: {name: "'left'"}
     routes: [{to: both}]
   right:
@@ -77,6 +78,7 @@ nodes:
     tools: [write_file]
     image: fleet-agent-py:1
     worktree: {from: base, mode: rw, commit: true}
+    writes: ["'calc.py'", "'right.txt'"]
     with: {name: "'right'"}
     routes: [{to: both}]
   both:
@@ -173,6 +175,7 @@ nodes:
     kind: command
     image: fleet-agent-py:1
     worktree: {from: base, mode: rw, commit: true}
+    writes: ["'out-*.txt'"]
     commands: ["python -c \"open('out-{{ item }}.txt', 'w').write('{{ item }}')\""]
     routes: [{to: check}]
   check:

@@ -789,13 +789,22 @@ impl Engine<'_> {
         if let Some(stuck) = &n.stuck {
             let ctx = self.state.context_in(record.branch);
             let sig = expr::eval(&stuck.signature, &ctx).map_err(Self::expr_err(&id))?;
-            if !sig.is_null() {
-                let sig = sig.to_string();
-                let seen = self.state.signatures.entry(id.clone()).or_default();
-                seen.push(sig.clone());
-                if seen.iter().filter(|s| **s == sig).count() >= stuck.times as usize {
-                    return self.enter(&stuck.to, record.branch, Some(&id));
-                }
+            // A list is one signature per failing test: the same test failing the same way
+            // `times` times is stuck even while other failures change.
+            let mut sigs: Vec<String> = match sig {
+                Value::Null => Vec::new(),
+                Value::Array(items) => items.iter().map(Value::to_string).collect(),
+                other => vec![other.to_string()],
+            };
+            sigs.sort();
+            sigs.dedup();
+            let seen = self.state.signatures.entry(id.clone()).or_default();
+            seen.extend(sigs.iter().cloned());
+            let stuck_now = sigs
+                .iter()
+                .any(|sig| seen.iter().filter(|s| *s == sig).count() >= stuck.times as usize);
+            if stuck_now {
+                return self.enter(&stuck.to, record.branch, Some(&id));
             }
         }
         let targets = self.route(&n, &id, record.branch)?;
@@ -1179,6 +1188,10 @@ impl Engine<'_> {
                 })
             }
         };
+        let write_scope = match &n.writes {
+            None => None,
+            Some(w) => Some(write_scope(&w.spec(), ctx).map_err(&err)?),
+        };
         let continues = n.continues.as_ref().and_then(|c| {
             self.state
                 .last_outcome_in(c, branch)
@@ -1223,6 +1236,7 @@ impl Engine<'_> {
             notify_start: matches!(n.kind, NodeKind::Agent | NodeKind::Command)
                 || (n.kind == NodeKind::Harness
                     && !matches!(n.op.as_deref(), Some("noop" | "apply_patch"))),
+            write_scope,
         };
         self.state.jobs.insert(
             job_id,
@@ -1243,6 +1257,31 @@ impl Engine<'_> {
         self.fx.push(Effect::Publish(Box::new(spec)));
         Ok(())
     }
+}
+
+/// A node's `writes`, evaluated: each expression gives one glob or a list of globs.
+fn write_scope(
+    w: &crate::graph::WritesSpec,
+    ctx: &Value,
+) -> Result<crate::scope::WriteScope, ExprError> {
+    let mut globs = Vec::new();
+    for e in &w.paths {
+        match expr::eval(e, ctx)? {
+            Value::String(s) => globs.push(s),
+            Value::Array(items) => globs.extend(
+                items
+                    .into_iter()
+                    .filter_map(|v| v.as_str().map(str::to_string)),
+            ),
+            _ => {}
+        }
+    }
+    Ok(crate::scope::WriteScope {
+        globs,
+        symlinks: w.symlinks,
+        submodules: w.submodules,
+        mode_changes: w.mode_changes,
+    })
 }
 
 /// The part of the context an agent's template reads (its top-level variables): a prompt never

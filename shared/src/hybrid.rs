@@ -207,15 +207,67 @@ fn lattice(state: &RunState) -> Vec<Value> {
             true,
             ok("impl"),
         ),
+        row(
+            "build(impl)",
+            "impl_build",
+            "PASS (run by the harness)",
+            true,
+            ok("impl_build"),
+        ),
         row("tests(merged)", "validate", "PASS", true, ok("validate")),
         row(
-            "mutants(impl)",
-            "mutation",
-            "caught",
+            "build(fix)",
+            "fix_build",
+            "PASS (run by the harness after each fix)",
+            true,
+            ok("fix_build"),
+        ),
+        row(
+            "claims(fix.build_passed)",
+            "fix_build",
+            "the fix agent's build claim matches the harness's build",
             false,
-            derived("mutation", "verdict").map(|v| v == "TestSuiteRobust"),
+            last(state, "fix_build").map(|o| o.derived["claim_honest"] == true),
+        ),
+        row(
+            "claims(tests.self_verified)",
+            "verify_tdd",
+            "the tests agent's claim that its tests fail on the stubs holds",
+            false,
+            last(state, "tests").map(|t| {
+                t.output["self_verified"] != true || ok("verify_tdd").unwrap_or(false)
+            }),
+        ),
+        row(
+            "mutants(impl)",
+            "mutation_score",
+            "caught (mutants executed by the harness)",
+            last(state, "mutation_score").is_some(),
+            last(state, "mutation_score").map(|o| o.output["verdict"] == "TestSuiteRobust"),
         ),
     ]
+}
+
+/// The mutation verdict from the mutants the harness executed; the LLM adversary's reasoning is
+/// attached as advisory and its own counts never decide anything.
+fn mutation_result(state: &RunState) -> Value {
+    let llm = last(state, "mutation").map(|o| o.output.clone());
+    match last(state, "mutation_score") {
+        None => json!({"verdict": null, "executed": false, "llm_advisory": llm}),
+        Some(o) => {
+            let t = &o.output;
+            json!({
+                "verdict": t["verdict"],
+                "executed": true,
+                "tried": t["tried"], "killed": t["killed"], "survived": t["survived"],
+                "timed_out": t["timed_out"], "unviable": t["unviable"], "score": t["score"],
+                "survivors": t["survivors"],
+                "critical": t["critical"],
+                "strengthened": state.visits.get(&NodeId::new("strengthen")).copied().unwrap_or(0),
+                "llm_advisory": llm,
+            })
+        }
+    }
 }
 
 /// `HybridResult`: success, the exit variant, spec, recomputed coverage, understanding, both
@@ -258,6 +310,8 @@ pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: &str) -> Val
             .map(|o| {
                 json!({"node": o.node, "status": o.status, "error": o.error,
                 "claim_errors": o.output.get("claim_errors").cloned().unwrap_or(Value::Null),
+                "scope_violation": o.output.get("scope_violation").cloned().unwrap_or(Value::Null),
+                "reasons": o.output.get("reasons").cloned().unwrap_or(Value::Null),
                 "derived": o.derived})
             })
     });
@@ -268,7 +322,7 @@ pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: &str) -> Val
         "tests_coverage": coverage(&spec_fns, last(state, "tests")),
         "understanding": understanding(state),
         "type_adversary": adversary("type_adversary"),
-        "mutation_adversary": adversary("mutation"),
+        "mutation_adversary": mutation_result(state),
         "witness": witness(state),
         "verification": lattice(state),
         "attempts": state.visits.get(&NodeId::new("fix")).copied().unwrap_or(0),

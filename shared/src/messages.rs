@@ -180,6 +180,10 @@ pub struct JobSpec {
     /// The worker announces the job's start (see `ResultEnvelope::started`).
     #[serde(default)]
     pub notify_start: bool,
+    /// What the job's commit may change (the node's `writes`, evaluated); checked by the worker
+    /// on git's deltas before the commit is handed on.
+    #[serde(default)]
+    pub write_scope: Option<crate::scope::WriteScope>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

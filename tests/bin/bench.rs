@@ -61,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
                 image: IMAGE.into(),
                 worktree: dir.path().to_path_buf(),
                 writable: false,
+                harness_dir: None,
                 network: false,
                 lifetime: Duration::from_secs(60),
                 labels: vec![("fleet.worker".into(), "bench".into())],

@@ -9,6 +9,7 @@ use git2::{
     StatusOptions, Time, TreeWalkMode, TreeWalkResult,
 };
 use shared::hashing::sha256_hex;
+use shared::scope::{ChangeKind, PathChange};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -26,6 +27,8 @@ pub enum GitError {
     Dirty(String, String),
     #[error("the patch does not apply: {0}")]
     Apply(String),
+    #[error(transparent)]
+    SafeFs(#[from] crate::safe_fs::SafeFsError),
 }
 
 /// The per-worker cache: one bare mirror holding every pack the worker has seen.
@@ -224,13 +227,60 @@ impl Worktree {
                 continue;
             }
             if let Some(p) = delta.new_file().path() {
-                let full = self.dir.join(p);
-                if let Ok(text) = std::fs::read_to_string(&full) {
-                    out.insert(p.to_string_lossy().replace('\\', "/"), text);
+                let rel = p.to_string_lossy().replace('\\', "/");
+                // Regular files only, never through a link, at most 1 MiB each.
+                if let Ok(text) = crate::safe_fs::read_text_within(&self.dir, &rel, 1 << 20) {
+                    out.insert(rel, text);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// The changes from commit `from` to commit `to`, as git computes them (renames found, both
+    /// sides kept, file modes), for write scopes.
+    pub fn changes(&self, from: &str, to: &str) -> Result<Vec<PathChange>, GitError> {
+        let repo = self.repo()?;
+        let a = repo.find_commit(Oid::from_str(from)?)?.tree()?;
+        let b = repo.find_commit(Oid::from_str(to)?)?.tree()?;
+        let mut opts = git2::DiffOptions::new();
+        opts.include_typechange(true).ignore_submodules(false);
+        let mut diff = repo.diff_tree_to_tree(Some(&a), Some(&b), Some(&mut opts))?;
+        let mut find = git2::DiffFindOptions::new();
+        find.renames(true).copies(true).for_untracked(true);
+        diff.find_similar(Some(&mut find))?;
+        Ok(diff.deltas().map(|d| delta_change(&d)).collect())
+    }
+
+    /// Lays down, from `commit`, every regular file whose path `covers` accepts (replacing what
+    /// is on disk, never following a link), and removes files it accepts that `commit` lacks.
+    /// The frozen tests of a run, restored before the harness runs them. Returns the paths laid.
+    pub fn restore_paths(
+        &self,
+        commit: &str,
+        covers: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<String>, GitError> {
+        let repo = self.repo()?;
+        let tree = repo.find_commit(Oid::from_str(commit)?)?.tree()?;
+        let mut wanted: Vec<(String, Oid)> = Vec::new();
+        tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+            let path = format!("{dir}{}", entry.name().unwrap_or_default());
+            let regular = matches!(entry.filemode(), 0o100644 | 0o100755);
+            if entry.kind() == Some(ObjectType::Blob) && regular && covers(&path) {
+                wanted.push((path, entry.id()));
+            }
+            TreeWalkResult::Ok
+        })?;
+        for existing in paths_on_disk(&self.dir)? {
+            if covers(&existing) && !wanted.iter().any(|(p, _)| *p == existing) {
+                crate::safe_fs::remove_beneath(&self.dir, &existing)?;
+            }
+        }
+        for (path, oid) in &wanted {
+            let blob = repo.find_blob(*oid)?;
+            crate::safe_fs::write_beneath(&self.dir, path, blob.content())?;
+        }
+        Ok(wanted.into_iter().map(|(p, _)| p).collect())
     }
 
     /// Applies a unified diff to the working directory (`git apply` semantics, no unsafe paths).
@@ -273,6 +323,58 @@ impl Worktree {
         let mut buf = git2::Buf::new();
         pb.write_buf(&mut buf)?;
         Ok(buf.to_vec())
+    }
+}
+
+/// The changes a unified diff would make, as libgit2 parses it (the same parse `apply_patch`
+/// applies): both sides of renames and copies, quoted paths decoded, modes from the headers.
+pub fn patch_changes(diff: &str) -> Result<Vec<PathChange>, GitError> {
+    let parsed = git2::Diff::from_buffer(diff.as_bytes())
+        .map_err(|e| GitError::Apply(e.message().to_string()))?;
+    Ok(parsed.deltas().map(|d| delta_change(&d)).collect())
+}
+
+fn git_mode(mode: git2::FileMode) -> u32 {
+    match mode {
+        git2::FileMode::Unreadable => 0,
+        git2::FileMode::Tree => 0o040000,
+        git2::FileMode::Blob => 0o100644,
+        git2::FileMode::BlobGroupWritable => 0o100664,
+        git2::FileMode::BlobExecutable => 0o100755,
+        git2::FileMode::Link => 0o120000,
+        git2::FileMode::Commit => 0o160000,
+    }
+}
+
+fn delta_change(d: &git2::DiffDelta<'_>) -> PathChange {
+    let path = |f: git2::DiffFile<'_>| {
+        f.path_bytes()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+    };
+    let kind = match d.status() {
+        git2::Delta::Added | git2::Delta::Untracked => ChangeKind::Added,
+        git2::Delta::Deleted => ChangeKind::Deleted,
+        git2::Delta::Modified => ChangeKind::Modified,
+        git2::Delta::Renamed => ChangeKind::Renamed,
+        git2::Delta::Copied => ChangeKind::Copied,
+        git2::Delta::Typechange => ChangeKind::TypeChange,
+        _ => ChangeKind::Other,
+    };
+    let (old_mode, new_mode) = (git_mode(d.old_file().mode()), git_mode(d.new_file().mode()));
+    PathChange {
+        kind,
+        old_path: if kind == ChangeKind::Added {
+            None
+        } else {
+            path(d.old_file())
+        },
+        new_path: if kind == ChangeKind::Deleted {
+            None
+        } else {
+            path(d.new_file())
+        },
+        old_mode: if kind == ChangeKind::Added { 0 } else { old_mode },
+        new_mode: if kind == ChangeKind::Deleted { 0 } else { new_mode },
     }
 }
 
@@ -340,6 +442,25 @@ pub fn pack_repository(path: &Path, refname: &str) -> Result<RepoPack, GitError>
         pack: buf.to_vec(),
         files,
     })
+}
+
+/// Relative paths of every non-directory entry under `root` (links included, never followed).
+fn paths_on_disk(root: &Path) -> Result<Vec<String>, GitError> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let ft = entry.file_type()?;
+            let path = entry.path();
+            if ft.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// (path, bytes) of the regular files under `root`, skipping symlinks, for the tree hash.

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use shared::factory::{self, CmdResult, FailureBrief, Stage};
 use shared::messages::JobStatus;
 use shared::paths::normalize_relative;
+use shared::scope::WriteScope;
 use shared::text;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,6 +19,26 @@ pub struct StepOutcome {
     pub status: JobStatus,
     pub output: Value,
     pub error: Option<String>,
+}
+
+impl StepOutcome {
+    /// This outcome's status and error over `base`'s, with this output's fields added to
+    /// `base`'s output (the agent's own output is kept beside the harness's verdict).
+    pub fn merged_into(self, base: StepOutcome) -> StepOutcome {
+        let mut output = match base.output {
+            Value::Object(m) => Value::Object(m),
+            Value::Null => json!({}),
+            other => json!({"output": other}),
+        };
+        if let (Some(into), Value::Object(from)) = (output.as_object_mut(), self.output) {
+            into.extend(from);
+        }
+        StepOutcome {
+            status: self.status,
+            output,
+            error: self.error,
+        }
+    }
 }
 
 /// Artifacts of one job: written under its prefix, recorded by name.
@@ -72,8 +93,14 @@ fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
     }
 }
 
-/// TR: touched files from the diff headers must be ⊆ allowed_files; then `git apply`.
-pub async fn apply_patch(params: &Value, wt: &Worktree, art: &mut Artifacts<'_>) -> StepResult {
+/// TR: the paths the patch changes, as libgit2 parses it (both sides of renames, modes), must be
+/// inside the node's write scope (the work order's `allowed_files`); then `git apply`.
+pub async fn apply_patch(
+    params: &Value,
+    scope: Option<&WriteScope>,
+    wt: &Worktree,
+    art: &mut Artifacts<'_>,
+) -> StepResult {
     let diff = param(params, "unified_diff")
         .as_str()
         .unwrap_or_default()
@@ -82,39 +109,47 @@ pub async fn apply_patch(params: &Value, wt: &Worktree, art: &mut Artifacts<'_>)
     let patch_path = art
         .put("proposed_patch.diff", diff.clone().into_bytes())
         .await?;
-    let allowed: Vec<String> = param(params, "allowed_files")
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .filter_map(|p| normalize_relative(p).ok())
-                .collect()
-        })
-        .unwrap_or_default();
     let mut output = json!({
         "attempt_index": attempt, "patch_path": patch_path,
         "touched_files": [], "apply_ok": false,
     });
-    let touched = match factory::touched_files(&diff) {
-        Ok(t) => t,
-        Err(e) => {
-            let brief = FailureBrief::new(Stage::PatchScopeViolation, None, None, &e.to_string());
+    let refuse = |msg: &str| FailureBrief::new(Stage::PatchScopeViolation, None, None, msg);
+    let changes = match crate::git::patch_changes(&diff) {
+        Ok(c) if c.is_empty() => {
+            let brief = refuse("the diff has no file headers");
             return finish_apply(output, Some(brief), "", art).await;
         }
+        Ok(c) => c,
+        Err(e) => {
+            // Not a patch libgit2 can read: it cannot apply either.
+            let msg = e.to_string();
+            let brief = FailureBrief::new(
+                Stage::PatchApplyFailed,
+                Some("git apply --whitespace=nowarn".into()),
+                Some(1),
+                &msg,
+            );
+            return finish_apply(output, Some(brief), &msg, art).await;
+        }
     };
+    let touched: std::collections::BTreeSet<&str> =
+        changes.iter().flat_map(|c| c.paths()).collect();
     output["touched_files"] = json!(touched);
-    let outside: Vec<&String> = touched.iter().filter(|t| !allowed.contains(t)).collect();
-    if !outside.is_empty() {
-        let msg = format!(
-            "the patch touches files outside allowed_files: {}",
-            outside
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let brief = FailureBrief::new(Stage::PatchScopeViolation, None, None, &msg);
+    let Some(scope) = scope else {
+        let brief = refuse("the node has no write scope");
         return finish_apply(output, Some(brief), "", art).await;
+    };
+    match shared::scope::check(scope, &changes) {
+        Ok(v) if v.is_empty() => {}
+        Ok(v) => {
+            output["scope_violation"] = json!({"violations": v});
+            let brief = refuse(&shared::scope::describe(&v));
+            return finish_apply(output, Some(brief), "", art).await;
+        }
+        Err(e) => {
+            let brief = refuse(&e.to_string());
+            return finish_apply(output, Some(brief), "", art).await;
+        }
     }
     match wt.apply_patch(&diff) {
         Ok(()) => {
@@ -354,71 +389,6 @@ pub async fn commands(
     })
 }
 
-/// Runs the run's test command and parses structured failures. `expect` says what counts as
-/// ok: `pass` (exit 0), `fail` (real test failures, not a broken or empty suite) or `any`.
-pub async fn run_tests(
-    params: &Value,
-    session: &dyn Session,
-    art: &mut Artifacts<'_>,
-) -> StepResult {
-    let command = param(params, "command")
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let expect = param(params, "expect")
-        .as_str()
-        .unwrap_or("pass")
-        .to_string();
-    let timeout = Duration::from_secs(param(params, "timeout_seconds").as_u64().unwrap_or(600));
-    let argv = match factory::split_command(&command) {
-        Ok(a) => a,
-        Err(e) => {
-            return Ok(StepOutcome {
-                status: JobStatus::Error,
-                output: Value::Null,
-                error: Some(format!("bad test command: {e}")),
-            })
-        }
-    };
-    let r = run_logged(session, &argv, timeout, "tests", art).await?;
-    let full_out = art.blobs.get(&r.stdout_path).await.unwrap_or_default();
-    let full_err = art.blobs.get(&r.stderr_path).await.unwrap_or_default();
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&full_out),
-        String::from_utf8_lossy(&full_err)
-    );
-    let report = shared::testfail::parse(&text);
-    let broken = report.failures.iter().any(|f| f.kind == "collection")
-        || (report.runner == "pytest" && matches!(r.exit_code, 2..=4));
-    let no_tests = report.runner == "pytest" && r.exit_code == 5;
-    let passed = r.exit_code == 0;
-    let ok = match expect.as_str() {
-        "fail" => !passed && !broken && !no_tests && !report.failures.is_empty(),
-        "any" => true,
-        _ => passed,
-    };
-    let output = json!({
-        "command": argv,
-        "exit_code": r.exit_code,
-        "passed": passed,
-        "broken": broken,
-        "no_tests": no_tests,
-        "failures": report.failures,
-        "passed_tests": report.passed,
-        "counts": {"passed": report.passed.len(), "failed": report.failures.len()},
-        "stdout_tail": r.stdout_trunc,
-        "stderr_tail": r.stderr_trunc,
-        "duration_seconds": r.duration_seconds,
-    });
-    art.put_json("test_report.json", &output).await?;
-    Ok(StepOutcome {
-        status: if ok { JobStatus::Ok } else { JobStatus::Failed },
-        error: (!ok).then(|| format!("tests were expected to {expect}, exit code {}", r.exit_code)),
-        output,
-    })
-}
-
 /// The skeleton check: the build command passes and every function of the impl file is a stub.
 pub async fn check_skeleton(
     params: &Value,
@@ -446,7 +416,7 @@ pub async fn check_skeleton(
         crate::claims::language(&language),
         normalize_relative(&impl_path),
     ) {
-        (Some(lang), Ok(rel)) => match std::fs::read_to_string(wt.dir.join(&rel)) {
+        (Some(lang), Ok(rel)) => match crate::safe_fs::read_text_within(&wt.dir, &rel, 1 << 20) {
             Ok(src) => lang
                 .not_stubbed(&src)
                 .unwrap_or_else(|e| vec![format!("unparsable: {e}")]),

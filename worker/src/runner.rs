@@ -9,6 +9,7 @@ use crate::harness::{self, Artifacts, StepOutcome};
 use crate::metrics::Metrics;
 use crate::sandbox::{Limits, Sandbox, SandboxError, SandboxSpec, Session};
 use crate::tools::ToolBox;
+use crate::{mutation, verify};
 use serde_json::{json, Value};
 use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
 use shared::graph::{GraphBundle, NodeKind, WorktreeMode};
@@ -220,7 +221,13 @@ impl Runner {
             NodeKind::Agent | NodeKind::Command => true,
             NodeKind::Harness => matches!(
                 node.op.as_deref(),
-                Some("factory_verify" | "run_tests" | "check_skeleton")
+                Some(
+                    "factory_verify"
+                        | "run_tests"
+                        | "check_skeleton"
+                        | "check_build"
+                        | "run_mutants"
+                )
             ),
             _ => false,
         };
@@ -236,6 +243,10 @@ impl Runner {
                 image,
                 worktree: mount.clone(),
                 writable,
+                harness_dir: (spec.kind == NodeKind::Harness)
+                    .then(|| harness_folder(dir, &self.config.sandbox_user))
+                    .transpose()
+                    .map_err(|e| RunError::Transient(e.to_string()))?,
                 network: false,
                 lifetime: timeout + Duration::from_secs(60),
                 labels: vec![
@@ -267,7 +278,7 @@ impl Runner {
         };
 
         let stop = self.stop_token(&spec.job_id);
-        let work = self.step(spec, &bundle, worktree.as_ref(), session.as_deref(), art);
+        let work = self.step(dir, spec, &bundle, worktree.as_ref(), session.as_deref(), art);
         let stepped = tokio::select! {
             r = tokio::time::timeout(timeout, work) => Some(r),
             _ = stop.cancelled() => None,
@@ -309,6 +320,7 @@ impl Runner {
         };
 
         let (mut commit, mut pack) = (None, None);
+        
         if let (Some(wt), Some(w)) = (&worktree, &spec.worktree) {
             if w.commit_out && step.status == JobStatus::Ok {
                 let message = commit_message(spec, &step.output, &usage);
@@ -316,6 +328,13 @@ impl Runner {
                     .commit_all(&message)
                     .map_err(|e| RunError::Transient(e.to_string()))?;
                 let id = made.unwrap_or_else(|| wt.head());
+                if spec.kind != NodeKind::Git {
+                    if let Some(refused) = enforce_scope(spec, wt, &id)? {
+                        art.put_json("scope_violation.json", &refused.output["scope_violation"])
+                            .await?;
+                        return Ok((refused.merged_into(step), usage, None, None, container_seconds));
+                    }
+                }
                 if id != wt.base() {
                     let bytes = wt
                         .pack_since_base(&id)
@@ -332,6 +351,7 @@ impl Runner {
 
     async fn step(
         &self,
+        dir: &Path,
         spec: &JobSpec,
         bundle: &GraphBundle,
         wt: Option<&Worktree>,
@@ -340,6 +360,8 @@ impl Runner {
     ) -> Result<(StepOutcome, Usage), RunError> {
         let node = bundle.graph.node(&spec.node).expect("checked by execute");
         let timeout = Duration::from_secs(spec.timeout_seconds);
+        let harness_dir = dir.join("harness");
+        let seed = format!("{}:{}", spec.job_id, spec.attempt);
         let no_worktree = || RunError::Transient(format!("node `{}` needs a worktree", spec.node));
         match spec.kind {
             NodeKind::Agent => {
@@ -415,7 +437,13 @@ impl Runner {
             NodeKind::Harness => {
                 let step = match node.op.as_deref() {
                     Some("apply_patch") => {
-                        harness::apply_patch(&spec.params, wt.ok_or_else(no_worktree)?, art).await?
+                        harness::apply_patch(
+                            &spec.params,
+                            spec.write_scope.as_ref(),
+                            wt.ok_or_else(no_worktree)?,
+                            art,
+                        )
+                        .await?
                     }
                     Some("factory_verify") => {
                         let session = session.expect("verification runs in a container");
@@ -428,8 +456,34 @@ impl Runner {
                         .await?
                     }
                     Some("run_tests") => {
-                        let session = session.expect("tests run in a container");
-                        harness::run_tests(&spec.params, session, art).await?
+                        let place = verify::RunPlace {
+                            session: session.expect("tests run in a container"),
+                            wt: wt.ok_or_else(no_worktree)?,
+                            harness_dir: &harness_dir,
+                        };
+                        verify::run_tests(&spec.params, &place, &seed, art).await?
+                    }
+                    Some("check_build") => {
+                        let session = session.expect("the build runs in a container");
+                        verify::check_build(&spec.params, session, art).await?
+                    }
+                    Some("generate_mutants") => {
+                        let step = mutation::generate(&spec.params, &wt.ok_or_else(no_worktree)?.dir);
+                        art.put_json("mutants.json", &step.output).await?;
+                        step
+                    }
+                    Some("run_mutants") => {
+                        let place = verify::RunPlace {
+                            session: session.expect("mutants run in a container"),
+                            wt: wt.ok_or_else(no_worktree)?,
+                            harness_dir: &harness_dir,
+                        };
+                        mutation::run(&spec.params, &place, &seed, art).await?
+                    }
+                    Some("tally_mutants") => {
+                        let step = mutation::tally(&spec.params);
+                        art.put_json("mutation_tally.json", &step.output).await?;
+                        step
                     }
                     Some("check_skeleton") => {
                         let session = session.expect("the build runs in a container");
@@ -471,6 +525,50 @@ impl Runner {
                 Usage::default(),
             )),
         }
+    }
+}
+
+/// The write scope, checked on git's own deltas between the job's start and its commit. `Some`
+/// is the refusal: the commit is not handed on.
+fn enforce_scope(
+    spec: &JobSpec,
+    wt: &Worktree,
+    commit: &str,
+) -> Result<Option<StepOutcome>, RunError> {
+    let changes = if commit == wt.base() {
+        Vec::new()
+    } else {
+        wt.changes(&wt.base(), commit)
+            .map_err(|e| RunError::Transient(e.to_string()))?
+    };
+    let refuse = |violations: Vec<shared::scope::Violation>, error: String| {
+        Some(StepOutcome {
+            status: JobStatus::Failed,
+            output: json!({"scope_violation": {
+                "violations": violations,
+                "scope": spec.write_scope,
+                "changes": changes.len(),
+            }}),
+            error: Some(error),
+        })
+    };
+    let Some(scope) = &spec.write_scope else {
+        if changes.is_empty() {
+            return Ok(None);
+        }
+        return Ok(refuse(
+            Vec::new(),
+            format!("node `{}` commits without a write scope", spec.node),
+        ));
+    };
+    match shared::scope::check(scope, &changes) {
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => {
+            warn!(job = %spec.job_id, violations = v.len(), "write scope violated");
+            let error = shared::scope::describe(&v);
+            Ok(refuse(v, error))
+        }
+        Err(e) => Ok(refuse(Vec::new(), e.to_string())),
     }
 }
 
@@ -578,16 +676,36 @@ fn read_context(root: &Path, files: &[String]) -> Value {
             out.push(json!({"path": f, "content": "[refused: path escapes the worktree]", "truncated": false}));
             continue;
         };
-        let bytes = std::fs::read(root.join(&rel)).unwrap_or_default();
-        let take = bytes.len().min(budget);
-        budget -= take;
-        out.push(json!({
-            "path": rel,
-            "content": String::from_utf8_lossy(&bytes[..take]),
-            "truncated": take < bytes.len(),
-        }));
+        // Never through a link (a repo's `ctx.md -> /proc/self/environ` must not reach a prompt),
+        // never more than the budget left.
+        match crate::safe_fs::read_capped(root, &rel, budget) {
+            Ok(read) => {
+                budget -= read.bytes.len();
+                out.push(json!({
+                    "path": rel,
+                    "content": String::from_utf8_lossy(&read.bytes),
+                    "truncated": read.truncated,
+                }));
+            }
+            Err(e) => out.push(json!({
+                "path": rel,
+                "content": format!("[refused: {e}]"),
+                "truncated": false,
+            })),
+        }
     }
     Value::Array(out)
+}
+
+/// The job's harness folder (`/fleet` in its container): owned by the worker, so the job cannot
+/// replace the configuration or canary the harness lays there; only `out/`, where the runner
+/// writes its report, belongs to the container's user.
+fn harness_folder(dir: &Path, user: &str) -> std::io::Result<PathBuf> {
+    let h = dir.join("harness");
+    std::fs::create_dir_all(h.join("out"))?;
+    std::fs::create_dir_all(h.join("canary"))?;
+    hand_over(&h.join("out"), user);
+    Ok(h)
 }
 
 /// Gives the worktree to the container's user (the worker may run as root; containers never do).

@@ -542,6 +542,73 @@ nodes:
 }
 
 #[test]
+fn one_test_failing_the_same_way_three_times_is_stuck_while_other_failures_change() {
+    let b = bundle(
+        r#"
+name: loop
+start: fix
+nodes:
+  fix:
+    kind: harness
+    op: noop
+    max_visits: 10
+    budget_exit: exhausted
+    stuck: {signature: "fix.output.sigs if not fix.ok else none", times: 3, to: stuck}
+    routes:
+      - to: done
+        when: fix.ok
+      - to: fix
+  stuck: {kind: exit, status: "false"}
+  exhausted: {kind: exit, status: "false"}
+  done: {kind: exit, status: fix.ok}
+"#,
+    );
+    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    // `a` fails the same way every time; the other failure changes each round, and the whole
+    // list never repeats. A joined signature would never be stuck; per test it is, at round 3.
+    for i in 0..3 {
+        assert!(!t.state.status.is_terminal(), "round {i}");
+        let j = jobs_of(&t)[0].job_id.clone();
+        t = step(
+            &b,
+            &t.state,
+            result(
+                &j,
+                1,
+                JobStatus::Failed,
+                json!({"sigs": ["a:assertion", format!("b{i}:error"), "a:assertion"]}),
+            ),
+        );
+    }
+    assert_eq!(t.state.result.as_ref().unwrap()["exit"], "stuck");
+}
+
+#[test]
+fn a_write_scope_is_evaluated_into_the_job() {
+    let b = bundle(
+        r#"
+name: scoped
+start: work
+nodes:
+  work:
+    kind: command
+    image: img
+    commands: ["true"]
+    worktree: {from: base, mode: rw, commit: true}
+    writes: [input.impl, "input.tests ~ '/**'", "['a.py', 'b.py']"]
+    routes: [{to: done}]
+  done: {kind: exit, status: work.ok}
+"#,
+    );
+    let mut run = new_run(&b, 1);
+    run.input = json!({"impl": "stack.py", "tests": "tests"});
+    let t = step(&b, &run, Event::Start { at: "t".into() });
+    let scope = published(&t).write_scope.clone().unwrap();
+    assert_eq!(scope.globs, vec!["stack.py", "tests/**", "a.py", "b.py"]);
+    assert!(!scope.symlinks && !scope.submodules && !scope.mode_changes);
+}
+
+#[test]
 fn a_started_job_past_its_deadline_is_reissued_and_the_old_attempt_is_fenced() {
     let b = factory_bundle();
     let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });

@@ -200,6 +200,27 @@ fn check_node(
             );
         }
     }
+    let commits = node.worktree.as_ref().is_some_and(|w| w.commit);
+    match &node.writes {
+        None if commits && node.kind != NodeKind::Git => err(
+            Some(id),
+            "writes",
+            "a node whose worktree commits needs a write scope (`writes`: the paths it may change; `[]` for none)".into(),
+        ),
+        Some(_) if !commits || node.kind == NodeKind::Git => err(
+            Some(id),
+            "writes",
+            "only a node whose worktree commits has a write scope (git nodes pick commits already checked)".into(),
+        ),
+        Some(w) => {
+            for e in &w.spec().paths {
+                if let Err(e) = expr::compile_check(e) {
+                    err(Some(id), "writes", e.to_string());
+                }
+            }
+        }
+        None => {}
+    }
     if let Some(a) = &node.artifacts {
         if let Err(e) = expr::template_variables("artifacts", a) {
             err(Some(id), "artifacts", e.to_string());
@@ -460,6 +481,10 @@ pub const HARNESS_OPS: &[&str] = &[
     "noop",
     "run_tests",
     "check_skeleton",
+    "check_build",
+    "generate_mutants",
+    "run_mutants",
+    "tally_mutants",
 ];
 /// Built-in result assemblers of exit nodes.
 pub const EXIT_ASSEMBLERS: &[&str] = &["factory_summary", "hybrid_result"];

@@ -164,6 +164,10 @@ pub struct Node {
     pub artifacts: Option<String>,
     #[serde(default)]
     pub routes: Vec<Route>,
+    /// What the node's commit may change, checked by the harness on git's own deltas before
+    /// the commit is handed on. Required on every node whose worktree commits (but git nodes).
+    #[serde(default)]
+    pub writes: Option<Writes>,
 
     // agent
     #[serde(default)]
@@ -229,6 +233,42 @@ pub struct Node {
     /// Exit: a built-in result assembler (`factory_summary`) or absent for the generic result.
     #[serde(default)]
     pub result: Option<String>,
+}
+
+/// A write scope as written in the graph: expressions over the run context, each giving one glob
+/// or a list of globs (`input.spec.impl_path`, `input.work_order.allowed_files`), either as a
+/// bare list or with the special kinds of change the node may also make.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Writes {
+    Paths(Vec<String>),
+    Full(WritesSpec),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WritesSpec {
+    pub paths: Vec<String>,
+    #[serde(default)]
+    pub symlinks: bool,
+    #[serde(default)]
+    pub submodules: bool,
+    #[serde(default)]
+    pub mode_changes: bool,
+}
+
+impl Writes {
+    pub fn spec(&self) -> WritesSpec {
+        match self {
+            Writes::Paths(paths) => WritesSpec {
+                paths: paths.clone(),
+                symlinks: false,
+                submodules: false,
+                mode_changes: false,
+            },
+            Writes::Full(s) => s.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -18,6 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tracing::{debug, warn};
 
 pub const MOUNT: &str = "/work";
+pub const HARNESS_MOUNT: &str = "/fleet";
 pub const WORKER_LABEL: &str = "fleet.worker";
 
 pub struct DockerSandbox {
@@ -55,7 +56,13 @@ impl Sandbox for DockerSandbox {
         let labels: HashMap<String, String> = spec.labels.iter().cloned().collect();
         let mode = if spec.writable { "rw" } else { "ro" };
         let host = HostConfig {
-            binds: Some(vec![format!("{}:{MOUNT}:{mode}", spec.worktree.display())]),
+            binds: Some({
+                let mut binds = vec![format!("{}:{MOUNT}:{mode}", spec.worktree.display())];
+                if let Some(h) = &spec.harness_dir {
+                    binds.push(format!("{}:{HARNESS_MOUNT}:rw", h.display()));
+                }
+                binds
+            }),
             network_mode: Some(if spec.network { "bridge" } else { "none" }.to_string()),
             cap_drop: Some(vec!["ALL".to_string()]),
             security_opt: Some(vec!["no-new-privileges".to_string()]),
@@ -115,6 +122,7 @@ impl Sandbox for DockerSandbox {
             docker: self.docker.clone(),
             id: created.id,
             limits: self.limits.clone(),
+            harness: spec.harness_dir.is_some(),
         };
         if let Err(e) = self
             .docker
@@ -164,6 +172,7 @@ struct DockerSession {
     docker: Docker,
     id: String,
     limits: Limits,
+    harness: bool,
 }
 
 #[async_trait]
@@ -242,6 +251,21 @@ impl Session for DockerSession {
             timed_out,
             duration: started.elapsed(),
         })
+    }
+
+    fn mounts(&self) -> super::Mounts {
+        super::Mounts {
+            work: MOUNT.into(),
+            harness: self.harness.then(|| HARNESS_MOUNT.into()),
+        }
+    }
+
+    async fn kill_strays(&self) -> Result<(), SandboxError> {
+        // kill(-1) reaches every process of the container's user but the caller and the
+        // container's init (its `sleep`); the shell's builtin, so nothing else is needed.
+        let argv = ["sh", "-c", "kill -9 -1 2>/dev/null; true"].map(String::from);
+        self.exec(&argv, None, Duration::from_secs(30)).await?;
+        Ok(())
     }
 
     async fn remove(&self) -> Result<(), SandboxError> {

@@ -22,6 +22,7 @@ impl Sandbox for LocalProcessSandbox {
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         Ok(Box::new(LocalSession {
             dir: spec.worktree.clone(),
+            harness: spec.harness_dir.clone(),
             limits: self.limits.clone(),
         }))
     }
@@ -33,6 +34,7 @@ impl Sandbox for LocalProcessSandbox {
 
 struct LocalSession {
     dir: PathBuf,
+    harness: Option<PathBuf>,
     limits: Limits,
 }
 
@@ -117,6 +119,19 @@ impl Session for LocalSession {
     }
 
     async fn remove(&self) -> Result<(), SandboxError> {
+        Ok(())
+    }
+
+    fn mounts(&self) -> super::Mounts {
+        super::Mounts {
+            work: self.dir.display().to_string(),
+            harness: self.harness.as_ref().map(|h| h.display().to_string()),
+        }
+    }
+
+    /// Host processes share the user's whole session: nothing is killed (this sandbox isolates
+    /// nothing, which is why it must be asked for by name).
+    async fn kill_strays(&self) -> Result<(), SandboxError> {
         Ok(())
     }
 }

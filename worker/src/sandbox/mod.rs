@@ -50,6 +50,9 @@ pub struct SandboxSpec {
     pub image: String,
     pub worktree: PathBuf,
     pub writable: bool,
+    /// A folder of the harness's own (configs it pins, reports it reads), mounted read-write
+    /// beside the worktree, never inside it.
+    pub harness_dir: Option<PathBuf>,
     pub network: bool,
     /// The container removes itself after this long even if its worker died.
     pub lifetime: Duration,
@@ -86,6 +89,18 @@ pub trait Session: Send + Sync {
     ) -> Result<ExecOutput, SandboxError>;
     /// Stops and removes the container. Called exactly once, also on failure paths.
     async fn remove(&self) -> Result<(), SandboxError>;
+    /// Where the worktree and the harness folder are, as commands in this session see them.
+    fn mounts(&self) -> Mounts;
+    /// Kills every process the job's commands left behind (a daemon that would rewrite a
+    /// report after the runner exits), so what the harness reads next is final.
+    async fn kill_strays(&self) -> Result<(), SandboxError>;
+}
+
+/// Paths as seen from inside a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mounts {
+    pub work: String,
+    pub harness: Option<String>,
 }
 
 /// Keeps the last `limit` bytes of a stream.

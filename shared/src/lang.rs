@@ -1,0 +1,293 @@
+//! The language configuration of test runs: how the harness starts a project's test runner so
+//! that nothing an agent planted in the worktree decides what runs or what counts, and where
+//! the machine-readable report comes from. Pure: builds argv, never runs it.
+//!
+//! What is pinned, per language, and why:
+//!
+//! - **python (pytest)**: the interpreter runs with `-s` (no user site), `-P` (the working
+//!   folder is not put on `sys.path`, so a planted `pytest.py` or `_pytest/` cannot shadow the
+//!   real runner) and `-B` (no bytecode written, so no `.pyc` can be planted for later runs);
+//!   pytest gets a harness-owned config file (`-c`, so the repo's `pytest.ini`, `tox.ini`,
+//!   `setup.cfg` and `pyproject.toml` are never read and their `addopts` never apply), a fixed
+//!   `--rootdir`, `--confcutdir` at the tests' folder (a `conftest.py` above it, e.g. in the repo
+//!   root, is never loaded), `-p no:cacheprovider` (no `--lf` state), and writes JUnit XML to a
+//!   path in the harness folder, outside the worktree. The harness's options come after the
+//!   command's own, so they win. The environment is rebuilt from nothing (`env -i`): fixed
+//!   `PATH`, `HOME`, `TZ=UTC`, `LC_ALL=C.UTF-8`, `PYTHONHASHSEED=0`, no `PYTEST_ADDOPTS`, no
+//!   `PYTHONPATH`, no `PYTEST_PLUGINS`.
+//! - **rust (cargo test)**: `--offline` and `--locked`, the environment rebuilt the same way
+//!   (`RUSTFLAGS`, `CARGO_*` cleared), one test thread, results read per test from libtest's
+//!   lines. A planted `.cargo/config.toml` or `build.rs` is kept out by write scopes, not here.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The `PATH` every pinned run gets.
+pub const PINNED_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportSource {
+    /// JUnit XML written by the runner to the harness folder.
+    JunitFile,
+    /// libtest's per-test lines on standard output.
+    LibtestStdout,
+}
+
+/// Where things are as the test process sees them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunLayout {
+    /// The worktree's mount (`/work` in a container).
+    pub work: String,
+    /// The harness folder's mount (`/fleet`), outside the worktree.
+    pub harness: String,
+    /// Test files, relative to the worktree (from the run's input).
+    pub test_paths: Vec<String>,
+    /// A harness-owned canary test file (absolute, in the harness folder), if any.
+    pub canary: Option<String>,
+}
+
+/// A pinned test run: the argv and where its report comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestInvocation {
+    pub argv: Vec<String>,
+    pub report: ReportSource,
+    /// The report file, inside the harness folder, relative to it (JUnit only).
+    pub report_file: Option<String>,
+    /// Files the harness writes into its folder before the run (name, contents).
+    pub harness_files: Vec<(String, String)>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum LangError {
+    #[error("no test configuration for language `{0}` (known: python, rust)")]
+    Unknown(String),
+    #[error("the {language} test command must run {runner}: `{command}`")]
+    WrongRunner {
+        language: String,
+        runner: &'static str,
+        command: String,
+    },
+}
+
+/// Languages with a pinned test configuration.
+pub const LANGUAGES: &[&str] = &["python", "rust"];
+
+const JUNIT_FILE: &str = "out/report.xml";
+const INI_FILE: &str = "pytest.ini";
+
+fn pinned_env(extra: &[(&str, &str)]) -> Vec<String> {
+    let mut argv = vec![
+        "env".to_string(),
+        "-i".into(),
+        format!("PATH={PINNED_PATH}"),
+        "HOME=/tmp".into(),
+        "TZ=UTC".into(),
+        "LC_ALL=C.UTF-8".into(),
+        "LANG=C.UTF-8".into(),
+    ];
+    argv.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
+    argv
+}
+
+/// The folder holding the tests (the `--confcutdir`): the common parent of the test paths.
+fn tests_folder(work: &str, test_paths: &[String]) -> String {
+    let dirs: Vec<Vec<&str>> = test_paths
+        .iter()
+        .map(|p| {
+            let mut parts: Vec<&str> = p.split('/').filter(|s| !s.is_empty()).collect();
+            parts.pop();
+            parts
+        })
+        .collect();
+    let mut common: Vec<&str> = dirs.first().cloned().unwrap_or_default();
+    for d in dirs.iter().skip(1) {
+        let n = common.iter().zip(d).take_while(|(a, b)| a == b).count();
+        common.truncate(n);
+    }
+    if common.is_empty() {
+        work.to_string()
+    } else {
+        format!("{}/{}", work.trim_end_matches('/'), common.join("/"))
+    }
+}
+
+/// The pinned invocation of `command` (already split into argv) for `language`.
+pub fn test_invocation(
+    language: &str,
+    command: &[String],
+    layout: &RunLayout,
+) -> Result<TestInvocation, LangError> {
+    let shown = command.join(" ");
+    match language {
+        "python" => {
+            let args: &[String] = match command {
+                [py, m, pytest, rest @ ..]
+                    if py.starts_with("python") && m == "-m" && pytest == "pytest" =>
+                {
+                    rest
+                }
+                [pytest, rest @ ..] if pytest == "pytest" || pytest.ends_with("/pytest") => rest,
+                _ => {
+                    return Err(LangError::WrongRunner {
+                        language: language.into(),
+                        runner: "pytest (`python -m pytest ...` or `pytest ...`)",
+                        command: shown,
+                    })
+                }
+            };
+            let harness = layout.harness.trim_end_matches('/');
+            let mut argv = pinned_env(&[("PYTHONHASHSEED", "0"), ("PYTHONDONTWRITEBYTECODE", "1")]);
+            argv.extend(
+                ["python3", "-s", "-P", "-B", "-m", "pytest"]
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+            argv.extend(args.iter().cloned());
+            argv.extend([
+                "-c".into(),
+                format!("{harness}/{INI_FILE}"),
+                format!("--rootdir={}", layout.work),
+                format!(
+                    "--confcutdir={}",
+                    tests_folder(&layout.work, &layout.test_paths)
+                ),
+                "-p".into(),
+                "no:cacheprovider".into(),
+                format!("--junitxml={harness}/{JUNIT_FILE}"),
+                "-o".into(),
+                "junit_family=xunit2".into(),
+            ]);
+            if let Some(canary) = &layout.canary {
+                argv.push(canary.clone());
+            }
+            let ini = format!(
+                "# written by the fleet harness: the repository's own pytest configuration is not read\n\
+                 [pytest]\npythonpath = {}\naddopts =\nxfail_strict = true\n",
+                layout.work
+            );
+            Ok(TestInvocation {
+                argv,
+                report: ReportSource::JunitFile,
+                report_file: Some(JUNIT_FILE.into()),
+                harness_files: vec![(INI_FILE.into(), ini)],
+            })
+        }
+        "rust" => {
+            let args: &[String] = match command {
+                [cargo, test, rest @ ..] if cargo == "cargo" && test == "test" => rest,
+                _ => {
+                    return Err(LangError::WrongRunner {
+                        language: language.into(),
+                        runner: "cargo test",
+                        command: shown,
+                    })
+                }
+            };
+            let (cargo_args, test_args) = match args.iter().position(|a| a == "--") {
+                Some(i) => (&args[..i], &args[i + 1..]),
+                None => (args, &[][..]),
+            };
+            let mut argv = pinned_env(&[("CARGO_TERM_COLOR", "never"), ("CARGO_HOME", "/tmp/cargo")]);
+            argv.extend(["cargo", "test", "--offline", "--locked"].map(String::from));
+            argv.extend(cargo_args.iter().cloned());
+            argv.push("--".into());
+            argv.extend(test_args.iter().cloned());
+            argv.extend(["--test-threads=1", "--color=never"].map(String::from));
+            Ok(TestInvocation {
+                argv,
+                report: ReportSource::LibtestStdout,
+                report_file: None,
+                harness_files: Vec::new(),
+            })
+        }
+        other => Err(LangError::Unknown(other.into())),
+    }
+}
+
+/// The canary: a harness-owned test that must fail. A report claiming it passed (or lacking it)
+/// was not written by an honest runner. `nonce` makes its name unguessable per run.
+pub fn python_canary(nonce: &str) -> (String, String) {
+    let file = format!("test_fleet_canary_{nonce}.py");
+    let body = format!(
+        "# written by the fleet harness\n\ndef test_fleet_canary_{nonce}():\n    assert False, \"fleet canary: this test must fail\"\n"
+    );
+    (file, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> RunLayout {
+        RunLayout {
+            work: "/work".into(),
+            harness: "/fleet".into(),
+            test_paths: vec!["tests/test_stack.py".into()],
+            canary: Some("/fleet/canary/test_fleet_canary_ab.py".into()),
+        }
+    }
+
+    fn argv(c: &str) -> Vec<String> {
+        c.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn pytest_gets_its_pins_after_the_commands_own_options() {
+        let inv = test_invocation(
+            "python",
+            &argv("python -m pytest -q -c evil.ini tests"),
+            &layout(),
+        )
+        .unwrap();
+        let a = inv.argv;
+        assert_eq!(&a[..2], &["env", "-i"]);
+        let py = a.iter().position(|x| x == "python3").unwrap();
+        assert_eq!(&a[py..py + 6], &["python3", "-s", "-P", "-B", "-m", "pytest"]);
+        let ours = a.iter().rposition(|x| x == "-c").unwrap();
+        let theirs = a.iter().position(|x| x == "-c").unwrap();
+        assert!(ours > theirs, "the harness's -c comes last and wins");
+        assert_eq!(a[ours + 1], "/fleet/pytest.ini");
+        assert!(a.contains(&"--confcutdir=/work/tests".to_string()));
+        assert!(a.contains(&"--rootdir=/work".to_string()));
+        assert!(a.contains(&"--junitxml=/fleet/out/report.xml".to_string()));
+        assert_eq!(a.last().unwrap(), "/fleet/canary/test_fleet_canary_ab.py");
+        assert!(inv.harness_files[0].1.contains("pythonpath = /work"));
+    }
+
+    #[test]
+    fn a_test_command_that_is_not_the_languages_runner_is_refused() {
+        for c in ["sh -c pytest", "python run_tests.py", "true"] {
+            assert!(matches!(
+                test_invocation("python", &argv(c), &layout()),
+                Err(LangError::WrongRunner { .. })
+            ));
+        }
+        assert!(matches!(
+            test_invocation("cobol", &argv("make test"), &layout()),
+            Err(LangError::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn cargo_is_pinned_offline_and_single_threaded() {
+        let inv = test_invocation("rust", &argv("cargo test -p x -- --nocapture"), &layout())
+            .unwrap();
+        let a = inv.argv;
+        let cargo = a.iter().position(|x| x == "cargo").unwrap();
+        assert_eq!(&a[cargo..cargo + 4], &["cargo", "test", "--offline", "--locked"]);
+        let sep = a.iter().position(|x| x == "--").unwrap();
+        assert!(a[sep..].contains(&"--test-threads=1".to_string()));
+        assert!(a[sep..].contains(&"--nocapture".to_string()));
+        assert_eq!(inv.report, ReportSource::LibtestStdout);
+    }
+
+    #[test]
+    fn the_tests_folder_is_the_common_parent() {
+        assert_eq!(tests_folder("/work", &["test_a.py".into()]), "/work");
+        assert_eq!(
+            tests_folder("/work", &["t/a/x.py".into(), "t/b/y.py".into()]),
+            "/work/t"
+        );
+    }
+}
