@@ -1,9 +1,10 @@
 //! The factory loop (seed 002) on the real stack: coordinator and two workers as processes,
 //! RabbitMQ, Redis, S3 (moto) and Docker.
 
-use fleet_tests::stack::{example, make_calc_repo, Stack};
-use serde_json::Value;
-use shared::factory::RunSummary;
+use fleet_tests::stack::{example, make_calc_repo, run_cli, Stack};
+use serde_json::{json, Value};
+use shared::factory::{FailureBrief, RunSummary, CONSTRAINTS_REMINDER, EXCERPT_CHARS};
+use std::path::Path;
 use std::time::Duration;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -21,10 +22,14 @@ fn submit_args<'a>(repo: &'a str, wo: &'a str, script: &'a str) -> Vec<&'a str> 
 }
 
 async fn submit(stack: &Stack, script: &str) -> anyhow::Result<(String, String)> {
+    submit_script(stack, &example(&format!("factory-calc/{script}"))).await
+}
+
+/// Submits the calc example with the scripted agent in the file `script`.
+async fn submit_script(stack: &Stack, script: &str) -> anyhow::Result<(String, String)> {
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
     let wo = example("factory-calc/work_order.json");
-    let script = example(&format!("factory-calc/{script}"));
-    let out = stack.cli(&submit_args(&repo, &wo, &script))?;
+    let out = stack.cli(&submit_args(&repo, &wo, script))?;
     assert_eq!(out.code, 0, "submit failed: {}", out.stderr);
     Ok((out.stdout.trim().to_string(), repo))
 }
@@ -157,7 +162,10 @@ async fn a_scope_violation_feeds_its_brief_into_the_next_attempt() -> anyhow::Re
         prompt2.contains("stage: patch_scope_violation"),
         "{prompt2}"
     );
-    assert!(prompt2.contains("outside allowed_files: tests/test_calc.py"));
+    assert!(
+        prompt2.contains("`tests/test_calc.py` (outside the write scope)"),
+        "{prompt2}"
+    );
     let prompt1 = stack
         .get_text(&format!("/v1/artifacts/runs/{run}/attempt_1/se/prompt.md"))
         .await?;
@@ -308,5 +316,305 @@ async fn invalid_work_orders_and_graphs_are_refused_and_nothing_is_enqueued() ->
             .all(|k| !k.contains(":run:") && !k.ends_with(":outbox")),
         "{keys:?}"
     );
+    Ok(())
+}
+
+/// The brief every failed attempt records is the harness's bounded one, with the reminder.
+fn assert_bounded(b: &FailureBrief) {
+    assert!(
+        b.primary_error_excerpt.chars().count() <= EXCERPT_CHARS,
+        "{} chars",
+        b.primary_error_excerpt.chars().count()
+    );
+    assert!(b.primary_error_excerpt.lines().count() <= 40);
+    assert_eq!(b.constraints_reminder, CONSTRAINTS_REMINDER);
+}
+
+/// `attempt_<n>/failure_brief.json` as the harness step wrote it.
+async fn brief_artifact(stack: &Stack, run: &str, n: u32) -> anyhow::Result<FailureBrief> {
+    let raw = stack
+        .artifact_json(&format!("runs/{run}/attempt_{n}/failure_brief.json"))
+        .await?;
+    Ok(serde_json::from_value(raw)?)
+}
+
+async fn prompt(stack: &Stack, run: &str, n: u32) -> anyhow::Result<String> {
+    stack
+        .get_text(&format!(
+            "/v1/artifacts/runs/{run}/attempt_{n}/se/prompt.md"
+        ))
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_se_output_that_breaks_the_schema_ends_in_llm_output_invalid_with_a_bounded_brief(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("invalidse", 2, &[]).await?;
+    // No diff headers in 300 KB of text: the schema's pattern refuses it, and the schema error
+    // quotes the whole value.
+    let junk: String = (0..10_000)
+        .map(|i| format!("line {i}: this is not a diff\n"))
+        .collect();
+    let script = json!({"se": [{"output": {"unified_diff": junk, "summary": "no diff"}}]});
+    let path = stack.dir.path().join("script-invalid.json");
+    std::fs::write(&path, serde_json::to_vec(&script)?)?;
+    let (run, _) = submit_script(&stack, &path.display().to_string()).await?;
+    let status = stack.wait_run(&run, RUN_TIMEOUT).await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    assert_eq!(status["visits"]["se"], 2);
+    assert!(
+        status["visits"].get("tr").is_none(),
+        "an invalid output never reaches TR: {status}"
+    );
+    let error = status["jobs"][0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.len() > 100_000,
+        "the raw error is large: {}",
+        error.len()
+    );
+
+    let (raw, s) = summary(&stack, &run).await?;
+    assert_eq!(s.verdict, "FAIL");
+    assert_eq!(s.ended_stage, "llm_output_invalid");
+    assert_eq!(raw["ended_stage"], "llm_output_invalid");
+    assert_eq!(s.attempts.len(), 2);
+    assert_eq!(s.repo_tree_hash_after, s.repo_tree_hash_before);
+    for a in &s.attempts {
+        let b = a.failure_brief.as_ref().expect("each attempt failed");
+        assert_eq!(serde_json::to_value(b.stage)?, "llm_output_invalid");
+        assert_eq!((b.command.as_deref(), b.exit_code), (None, None));
+        assert_bounded(b);
+        assert!(b.primary_error_excerpt.contains("does not match"), "{b:?}");
+        assert!(!a.apply_ok);
+        assert!(a.touched_files.is_empty() && a.verify.is_empty() && a.acceptance.is_empty());
+    }
+
+    // The second attempt's prompt carries the same bounded brief, reminder included, and not
+    // the 300 KB of the first answer.
+    let p1 = prompt(&stack, &run, 1).await?;
+    let p2 = prompt(&stack, &run, 2).await?;
+    let end_of_p2 = shared::text::tail(&p2, 40, 4000);
+    assert!(p2.contains("stage: llm_output_invalid"), "{end_of_p2}");
+    assert!(p2.contains(CONSTRAINTS_REMINDER), "{end_of_p2}");
+    let brief = s.attempts[0].failure_brief.as_ref().unwrap();
+    assert!(p2.contains(&brief.primary_error_excerpt), "{end_of_p2}");
+    assert!(
+        p2.len() <= p1.len() + EXCERPT_CHARS + CONSTRAINTS_REMINDER.len() + 300,
+        "prompt 2 has {} bytes, prompt 1 {}",
+        p2.len(),
+        p1.len()
+    );
+    assert!(!p1.contains("previous attempt failed"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diff_whose_context_does_not_match_ends_in_patch_apply_failed() -> anyhow::Result<()> {
+    let stack = Stack::start("applyfail", 2, &[]).await?;
+    let (run, _) = submit(&stack, "script-apply-fail.json").await?;
+    let status = stack.wait_run(&run, RUN_TIMEOUT).await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    assert_eq!(status["visits"]["tr"], 2);
+    assert!(
+        status["visits"].get("po").is_none(),
+        "nothing to verify: {status}"
+    );
+
+    let (_, s) = summary(&stack, &run).await?;
+    assert_eq!(s.verdict, "FAIL");
+    assert_eq!(s.ended_stage, "patch_apply_failed");
+    assert_eq!(s.attempts.len(), 2);
+    assert_eq!(s.repo_tree_hash_after, s.repo_tree_hash_before);
+    for (i, a) in s.attempts.iter().enumerate() {
+        let n = i as u32 + 1;
+        // In scope, so the harness tried to apply it; git refused.
+        assert_eq!(a.touched_files, vec!["calc.py"]);
+        assert!(!a.apply_ok);
+        assert!(a.verify.is_empty() && a.acceptance.is_empty());
+        assert_eq!(
+            a.patch_path,
+            format!("runs/{run}/attempt_{n}/proposed_patch.diff")
+        );
+        let b = a.failure_brief.as_ref().expect("each attempt failed");
+        assert_eq!(serde_json::to_value(b.stage)?, "patch_apply_failed");
+        assert_eq!(b.command.as_deref(), Some("git apply --whitespace=nowarn"));
+        assert_eq!(b.exit_code, Some(1));
+        assert!(!b.primary_error_excerpt.trim().is_empty());
+        assert_bounded(b);
+        assert_eq!(&brief_artifact(&stack, &run, n).await?, b);
+        let apply = stack
+            .artifact_json(&format!("runs/{run}/attempt_{n}/apply_result.json"))
+            .await?;
+        assert_eq!(apply["apply_ok"], false);
+        assert_eq!(apply["touched_files"], json!(["calc.py"]));
+        assert_eq!(apply["stderr_excerpt"], b.primary_error_excerpt.as_str());
+    }
+
+    let p2 = prompt(&stack, &run, 2).await?;
+    assert!(p2.contains("stage: patch_apply_failed"), "{p2}");
+    assert!(
+        p2.contains("command: `git apply --whitespace=nowarn`"),
+        "{p2}"
+    );
+    assert!(p2.contains(CONSTRAINTS_REMINDER), "{p2}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_that_passes_verification_but_not_acceptance_ends_in_acceptance_failed(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("accfail", 2, &[]).await?;
+    let (run, _) = submit(&stack, "script-acceptance-fail.json").await?;
+    let status = stack.wait_run(&run, RUN_TIMEOUT).await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    assert_eq!(status["visits"]["po"], 2);
+
+    let wo: Value = serde_json::from_str(&std::fs::read_to_string(example(
+        "factory-calc/work_order.json",
+    ))?)?;
+    let negative = wo["acceptance_commands"][1].as_str().unwrap();
+
+    let (_, s) = summary(&stack, &run).await?;
+    assert_eq!(s.verdict, "FAIL");
+    assert_eq!(s.ended_stage, "acceptance_failed");
+    assert_eq!(s.attempts.len(), 2);
+    assert_eq!(
+        s.repo_tree_hash_after, s.repo_tree_hash_before,
+        "failed attempts leave the baseline"
+    );
+    for (i, a) in s.attempts.iter().enumerate() {
+        let n = i as u32 + 1;
+        assert!(a.apply_ok);
+        assert_eq!(a.touched_files, vec!["calc.py"]);
+        assert_eq!(a.verify.len(), 1);
+        assert_eq!(a.verify[0].command, vec!["bash", "scripts/verify.sh"]);
+        assert_eq!(a.verify[0].exit_code, 0, "{:?}", a.verify[0]);
+        // The first acceptance command passes, the second (negative numbers) fails.
+        assert_eq!(a.acceptance.len(), 2);
+        assert_eq!(a.acceptance[0].exit_code, 0, "{:?}", a.acceptance[0]);
+        assert_eq!(a.acceptance[1].exit_code, 1, "{:?}", a.acceptance[1]);
+        let b = a.failure_brief.as_ref().expect("each attempt failed");
+        assert_eq!(serde_json::to_value(b.stage)?, "acceptance_failed");
+        assert_eq!(b.command.as_deref(), Some(negative));
+        assert_eq!(b.exit_code, Some(1));
+        assert!(
+            b.primary_error_excerpt
+                .contains("AssertionError: negative numbers"),
+            "{}",
+            b.primary_error_excerpt
+        );
+        assert_bounded(b);
+        assert_eq!(&brief_artifact(&stack, &run, n).await?, b);
+        let acceptance = stack
+            .artifact_json(&format!("runs/{run}/attempt_{n}/acceptance_result.json"))
+            .await?;
+        assert_eq!(acceptance[1]["exit_code"], 1);
+        let log = stack
+            .get_text(&format!("/v1/artifacts/{}", a.acceptance[1].stderr_path))
+            .await?;
+        assert!(log.contains("negative numbers"), "{log}");
+    }
+
+    let p2 = prompt(&stack, &run, 2).await?;
+    assert!(p2.contains("stage: acceptance_failed"), "{p2}");
+    assert!(p2.contains(&format!("command: `{negative}`")), "{p2}");
+    assert!(p2.contains("exit code: 1"), "{p2}");
+    assert!(p2.contains("negative numbers"), "{p2}");
+    assert!(p2.contains(CONSTRAINTS_REMINDER), "{p2}");
+    Ok(())
+}
+
+fn git_status(repo: &Path) -> anyhow::Result<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["status", "--porcelain", "--ignored"])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "git status failed");
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn fleet_run_refuses_an_out_dir_inside_the_repository_even_through_a_symlink() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let repo = make_calc_repo(dir.path())?;
+    let repo_real = repo.canonicalize()?.display().to_string();
+    let run = |out: &Path| {
+        run_cli(
+            &[
+                "run",
+                "--repo",
+                &repo.display().to_string(),
+                "--work-order",
+                &example("factory-calc/work_order.json"),
+                "--script",
+                &example("factory-calc/script-pass.json"),
+                "--out",
+                &out.display().to_string(),
+            ],
+            &[],
+        )
+    };
+
+    // Directly inside, and inside by way of `..` through a directory that does not exist yet.
+    for out in [
+        repo.join("fleet-out"),
+        dir.path().join("new/../calc-repo/out"),
+    ] {
+        let refused = run(&out)?;
+        assert_eq!(refused.code, 2, "{out:?}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains("lies inside the repository")
+                && refused.stderr.contains(&out.display().to_string())
+                && refused.stderr.contains(&format!("`{repo_real}`")),
+            "{}",
+            refused.stderr
+        );
+    }
+
+    // Through a symlink to the repository (and to one of its folders).
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&repo, &link)?;
+    let sub_link = dir.path().join("tests-link");
+    std::os::unix::fs::symlink(repo.join("tests"), &sub_link)?;
+    for (out, resolved) in [
+        (link.join("out"), format!("{repo_real}/out")),
+        (link.clone(), repo_real.clone()),
+        (sub_link.join("a/b"), format!("{repo_real}/tests/a/b")),
+    ] {
+        let refused = run(&out)?;
+        assert_eq!(refused.code, 2, "{out:?}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains("lies inside the repository")
+                && refused.stderr.contains(&out.display().to_string())
+                && refused.stderr.contains(&format!("`{resolved}`"))
+                && refused.stderr.contains(&format!("`{repo_real}`")),
+            "{}",
+            refused.stderr
+        );
+    }
+    assert_eq!(
+        git_status(&repo)?,
+        "",
+        "nothing was written into the repository"
+    );
+    assert!(!repo.join("fleet-out").exists() && !repo.join("out").exists());
+
+    // A sibling whose name merely starts with the repository's is outside: the run goes ahead
+    // and writes its summary there.
+    let out = dir.path().join("calc-repo-out");
+    let ok = run(&out)?;
+    assert_eq!(ok.code, 0, "{}\n{}", ok.stdout, ok.stderr);
+    assert!(ok.stdout.contains(": PASS"), "{}", ok.stdout);
+    let summary_path = ok
+        .stdout
+        .lines()
+        .find(|l| l.ends_with("run_summary.json"))
+        .expect("the summary's path is printed");
+    assert!(summary_path.starts_with(&out.canonicalize()?.display().to_string()));
+    let s: RunSummary = serde_json::from_str(&std::fs::read_to_string(summary_path)?)?;
+    assert_eq!(s.verdict, "PASS");
+    assert_eq!(git_status(&repo)?, "");
     Ok(())
 }

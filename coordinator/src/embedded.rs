@@ -8,7 +8,7 @@ use crate::store::memory::MemoryRunStore;
 use crate::submit::{self, SubmitRequest};
 use anyhow::{bail, Context};
 use shared::engine::RunState;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -43,15 +43,47 @@ pub async fn connect_sandbox(
     })
 }
 
-/// Runs one submission to the end in this process; artifacts land under `out`.
+/// `out` as it will be once created: the deepest part of it that exists, canonicalised (every
+/// symlink on the way followed), with the rest joined lexically.
+fn resolve_out_dir(out: &Path) -> anyhow::Result<PathBuf> {
+    let abs = if out.is_absolute() {
+        out.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(out)
+    };
+    let parts: Vec<_> = abs.components().collect();
+    for split in (0..=parts.len()).rev() {
+        let existing: PathBuf = parts[..split].iter().collect();
+        if let Ok(canonical) = existing.canonicalize() {
+            let rest: PathBuf = parts[split..].iter().collect();
+            return Ok(shared::factory::resolve_below(&canonical, &rest));
+        }
+    }
+    bail!("cannot resolve the out dir `{}`", out.display())
+}
+
+/// The seed's preflight: the out dir may not lie inside the repository (both resolved, so a
+/// symlink cannot hide it). Checked before anything is created.
+fn refuse_out_dir_in_repo(out: &Path, resolved: &Path, repo: &str) -> anyhow::Result<()> {
+    let repo = Path::new(repo)
+        .canonicalize()
+        .with_context(|| format!("repository `{repo}` not found"))?;
+    shared::factory::check_out_dir(out, resolved, &repo)?;
+    Ok(())
+}
+
+/// Runs one submission to the end in this process; artifacts land under `out`, which may not
+/// lie inside the repository.
 pub async fn run(
     req: SubmitRequest,
     out: &Path,
     sandbox: Arc<dyn Sandbox>,
     worker: WorkerConfig,
 ) -> anyhow::Result<RunState> {
+    refuse_out_dir_in_repo(out, &resolve_out_dir(out)?, &req.repo)?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let out = out.canonicalize()?;
+    refuse_out_dir_in_repo(&out, &out, &req.repo)?;
     let blobs = Blobs::open(&format!("file://{}", out.display()), "")?;
     let broker = Arc::new(MemoryBroker::default());
     let coord = Arc::new(Coordinator::new(

@@ -43,6 +43,7 @@ async fn main() -> anyhow::Result<()> {
     match std::env::args().nth(1).as_deref() {
         Some("fanout") => return fanout().await,
         Some("hybrid") => return hybrid().await,
+        Some("mutation") => return mutation().await,
         _ => {}
     }
     let cycles = arg("--cycles", 20);
@@ -361,6 +362,28 @@ async fn hybrid() -> anyhow::Result<()> {
         chain.push((end - start) + pred.map(|k| chain[k]).unwrap_or(0.0));
     }
     let critical = chain.iter().cloned().fold(0.0, f64::max);
+    // The same chains with the harness's new checks (builds, mutants) costing nothing: what
+    // the checks add to the critical path, measured in this one run.
+    let checks = [
+        "impl_build",
+        "fix_build",
+        "mutants",
+        "mutant_run",
+        "mutation_score",
+    ];
+    let mut bare: Vec<f64> = Vec::new();
+    for (i, (node, published, start, end)) in jobs.iter().enumerate() {
+        let pred = (0..i)
+            .filter(|k| jobs[*k].3 <= *published + 0.001)
+            .max_by(|a, b| jobs[*a].3.partial_cmp(&jobs[*b].3).expect("no NaN"));
+        let own = if checks.contains(&node.as_str()) {
+            0.0
+        } else {
+            end - start
+        };
+        bare.push(own + pred.map(|k| bare[k]).unwrap_or(0.0));
+    }
+    let critical_bare = bare.iter().cloned().fold(0.0, f64::max);
     let sequential: f64 = jobs.iter().map(|j| j.3 - j.2).sum();
     let usage = stack.get(&format!("/v1/runs/{run}/result")).await?["usage"].clone();
     println!("## Hybrid TDD graph: wall time against its critical path\n");
@@ -377,11 +400,98 @@ async fn hybrid() -> anyhow::Result<()> {
     println!("| wall (submit → finished) | {wall:.2} |");
     println!("| critical path (longest chain of its jobs) | {critical:.2} |");
     println!("| all jobs one after another | {sequential:.2} |");
+    println!("| critical path with the harness's builds and mutants at zero cost | {critical_bare:.2} |");
+    println!(
+        "\nthe new checks (impl_build, fix_build, mutants, mutant_run, mutation_score) add {:.2} s to the critical path ({:.0}%)",
+        critical - critical_bare,
+        100.0 * (critical - critical_bare) / critical_bare.max(0.001)
+    );
     println!(
         "\nwall / critical path: {:.2}; sequential / wall: {:.2}",
         wall / critical,
         sequential / wall
     );
+    Ok(())
+}
+
+/// Mutation testing of the example stack, executed by the harness: the same mutants fanned out
+/// over 2 workers in batches, against one batch run one after another in one container. Two
+/// runs of the scripted happy path on one stack; the mutation phase is timed from the
+/// `mutants` job's publication to the `mutation_score` job's end.
+async fn mutation() -> anyhow::Result<()> {
+    let per_job = arg("--per-job", 3);
+    let examples = workspace_root().join("examples/hybrid-stack");
+    let stack = Stack::start("mutbench", 2, &[]).await?;
+    let mut rows = Vec::new();
+    for (label, batch) in [
+        ("one container, one after another", 1000),
+        ("fan-out over 2 workers", per_job),
+    ] {
+        let repo = stack.dir.path().join(format!("repo-{batch}"));
+        let made = std::process::Command::new(examples.join("make-repo.sh"))
+            .arg(&repo)
+            .output()?;
+        anyhow::ensure!(made.status.success(), "make-repo failed");
+        let mut input: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(examples.join("input.json"))?)?;
+        input["spec"]["strictness"]["mutants_per_job"] = serde_json::json!(batch);
+        let input_path = stack.dir.path().join(format!("input-{batch}.json"));
+        std::fs::write(&input_path, serde_json::to_vec(&input)?)?;
+        let out = stack.cli(&[
+            "submit",
+            "--graph",
+            &workspace_root()
+                .join("graphs/hybrid-tdd/graph.yaml")
+                .display()
+                .to_string(),
+            "--repo",
+            &repo.display().to_string(),
+            "--input",
+            &input_path.display().to_string(),
+            "--script",
+            &examples.join("script-happy.json").display().to_string(),
+        ])?;
+        anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+        let run = out.stdout.trim().to_string();
+        let status = stack
+            .wait_run_every(&run, Duration::from_secs(900), Duration::from_millis(20))
+            .await?;
+        anyhow::ensure!(status["status"] == "succeeded", "{status}");
+        let jobs = status["jobs"].as_array().cloned().unwrap_or_default();
+        let ts = |j: &serde_json::Value, k: &str| j[k].as_str().map(chrono_secs);
+        let start = jobs
+            .iter()
+            .filter(|j| j["node"] == "mutants")
+            .filter_map(|j| ts(j, "published_at"))
+            .fold(f64::MAX, f64::min);
+        let end = jobs
+            .iter()
+            .filter(|j| j["node"] == "mutation_score")
+            .filter_map(|j| ts(j, "ended_at"))
+            .fold(0.0, f64::max);
+        let runs: Vec<&serde_json::Value> =
+            jobs.iter().filter(|j| j["node"] == "mutant_run").collect();
+        let result = stack.get(&format!("/v1/runs/{run}/result")).await?["result"].clone();
+        let m = &result["mutation_adversary"];
+        rows.push((
+            label,
+            batch,
+            runs.len(),
+            m["tried"].as_u64().unwrap_or(0) + m["unviable"].as_u64().unwrap_or(0),
+            m["killed"].clone(),
+            m["survived"].clone(),
+            end - start,
+        ));
+    }
+    println!("## Mutation testing executed by the harness: fan-out against one container\n");
+    println!("| layout | mutants per job | jobs | mutants | killed | survived | mutation phase s |");
+    println!("|---|---|---|---|---|---|---|");
+    for (label, batch, jobs, n, killed, survived, secs) in &rows {
+        println!("| {label} | {batch} | {jobs} | {n} | {killed} | {survived} | {secs:.2} |");
+    }
+    if let [seq, fan] = &rows[..] {
+        println!("\nfan-out / sequential: {:.2}", fan.6 / seq.6);
+    }
     Ok(())
 }
 

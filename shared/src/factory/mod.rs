@@ -1,14 +1,18 @@
 //! The factory seed's harness rules (SE → TR → PO): work-order validation, deterministic ids,
-//! scope enforcement from diff headers, the bounded FailureBrief and `run_summary.json`.
+//! the bounded FailureBrief and `run_summary.json`, and the
+//! check that a local output directory lies outside the product repository.
 
-mod diff;
+mod brief;
+mod out_dir;
 mod summary;
 mod work_order;
 
-pub use diff::{touched_files, DiffError};
-pub use summary::{
-    failure_brief_of, summarize, AttemptRecord, CmdResult, FailureBrief, RunSummary,
+pub use brief::{
+    brief_for_next_attempt, failure_brief_function, failure_brief_of, FailureBrief, EXCERPT_CHARS,
+    EXCERPT_LINES, FAILURE_BRIEF_FUNCTION,
 };
+pub use out_dir::{check_out_dir, resolve_below, OutDirError};
+pub use summary::{summarize, AttemptRecord, CmdResult, RunSummary};
 pub use work_order::{
     config_hash, prepare, tree_hash, FactoryMeta, FactoryOptions, Stage, WorkOrder, WorkOrderError,
     MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES, TREE_EXCLUDED_DIRS,

@@ -1,37 +1,7 @@
-use super::{Stage, CONSTRAINTS_REMINDER};
+use super::brief::{failure_brief_of, FailureBrief};
 use crate::engine::{Outcome, RunState};
-use crate::messages::JobStatus;
-use crate::text;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-pub const EXCERPT_CHARS: usize = 2000;
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FailureBrief {
-    pub stage: Stage,
-    pub command: Option<String>,
-    pub exit_code: Option<i64>,
-    pub primary_error_excerpt: String,
-    pub constraints_reminder: String,
-}
-
-impl FailureBrief {
-    pub fn new(
-        stage: Stage,
-        command: Option<String>,
-        exit_code: Option<i64>,
-        excerpt: &str,
-    ) -> Self {
-        Self {
-            stage,
-            command,
-            exit_code,
-            primary_error_excerpt: text::tail(excerpt, 40, EXCERPT_CHARS),
-            constraints_reminder: CONSTRAINTS_REMINDER.to_string(),
-        }
-    }
-}
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CmdResult {
@@ -71,27 +41,6 @@ pub struct RunSummary {
     pub ended_stage: String,
     pub started_utc: String,
     pub ended_utc: String,
-}
-
-/// The FailureBrief a failed outcome stands for: the one the harness step wrote, or one made
-/// from the job's status (an agent output that broke its schema is `llm_output_invalid`).
-pub fn failure_brief_of(o: &Outcome) -> Option<FailureBrief> {
-    if o.ok {
-        return None;
-    }
-    if let Some(b) = o
-        .output
-        .get("failure_brief")
-        .and_then(|b| serde_json::from_value::<FailureBrief>(b.clone()).ok())
-    {
-        return Some(b);
-    }
-    let stage = match o.status {
-        JobStatus::OutputInvalid => Stage::LlmOutputInvalid,
-        _ => Stage::Exception,
-    };
-    let msg = o.error.clone().unwrap_or_else(|| format!("{:?}", o.status));
-    Some(FailureBrief::new(stage, None, None, &msg))
 }
 
 fn attempt_of(o: &Outcome) -> u32 {
