@@ -30,10 +30,10 @@ fn env() -> &'static Environment<'static> {
         });
         env.add_filter("flatten", flatten);
         env.add_filter("difference", difference);
-    env.add_function(
-        crate::factory::FAILURE_BRIEF_FUNCTION,
-        crate::factory::failure_brief_function,
-    );
+        env.add_function(
+            crate::factory::FAILURE_BRIEF_FUNCTION,
+            crate::factory::failure_brief_function,
+        );
         env
     })
 }

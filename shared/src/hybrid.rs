@@ -234,9 +234,8 @@ fn lattice(state: &RunState) -> Vec<Value> {
             "verify_tdd",
             "the tests agent's claim that its tests fail on the stubs holds",
             false,
-            last(state, "tests").map(|t| {
-                t.output["self_verified"] != true || ok("verify_tdd").unwrap_or(false)
-            }),
+            last(state, "tests")
+                .map(|t| t.output["self_verified"] != true || ok("verify_tdd").unwrap_or(false)),
         ),
         row(
             "mutants(impl)",

@@ -188,7 +188,8 @@ pub fn test_invocation(
                 Some(i) => (&args[..i], &args[i + 1..]),
                 None => (args, &[][..]),
             };
-            let mut argv = pinned_env(&[("CARGO_TERM_COLOR", "never"), ("CARGO_HOME", "/tmp/cargo")]);
+            let mut argv =
+                pinned_env(&[("CARGO_TERM_COLOR", "never"), ("CARGO_HOME", "/tmp/cargo")]);
             argv.extend(["cargo", "test", "--offline", "--locked"].map(String::from));
             argv.extend(cargo_args.iter().cloned());
             argv.push("--".into());
@@ -243,7 +244,10 @@ mod tests {
         let a = inv.argv;
         assert_eq!(&a[..2], &["env", "-i"]);
         let py = a.iter().position(|x| x == "python3").unwrap();
-        assert_eq!(&a[py..py + 6], &["python3", "-s", "-P", "-B", "-m", "pytest"]);
+        assert_eq!(
+            &a[py..py + 6],
+            &["python3", "-s", "-P", "-B", "-m", "pytest"]
+        );
         let ours = a.iter().rposition(|x| x == "-c").unwrap();
         let theirs = a.iter().position(|x| x == "-c").unwrap();
         assert!(ours > theirs, "the harness's -c comes last and wins");
@@ -271,11 +275,14 @@ mod tests {
 
     #[test]
     fn cargo_is_pinned_offline_and_single_threaded() {
-        let inv = test_invocation("rust", &argv("cargo test -p x -- --nocapture"), &layout())
-            .unwrap();
+        let inv =
+            test_invocation("rust", &argv("cargo test -p x -- --nocapture"), &layout()).unwrap();
         let a = inv.argv;
         let cargo = a.iter().position(|x| x == "cargo").unwrap();
-        assert_eq!(&a[cargo..cargo + 4], &["cargo", "test", "--offline", "--locked"]);
+        assert_eq!(
+            &a[cargo..cargo + 4],
+            &["cargo", "test", "--offline", "--locked"]
+        );
         let sep = a.iter().position(|x| x == "--").unwrap();
         assert!(a[sep..].contains(&"--test-threads=1".to_string()));
         assert!(a[sep..].contains(&"--nocapture".to_string()));

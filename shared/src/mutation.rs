@@ -123,9 +123,15 @@ mod tests {
     fn verdicts_come_from_executed_counts() {
         use MutantStatus::*;
         assert_eq!(tally(&[]).verdict, "TestSuiteUntested");
-        assert_eq!(tally(&[r("OffByOne", Unviable)]).verdict, "TestSuiteUntested");
+        assert_eq!(
+            tally(&[r("OffByOne", Unviable)]).verdict,
+            "TestSuiteUntested"
+        );
         let t = tally(&[r("OffByOne", Killed), r("RemovedCheck", TimedOut)]);
-        assert_eq!((t.verdict.as_str(), t.tried, t.score), ("TestSuiteRobust", 2, 1.0));
+        assert_eq!(
+            (t.verdict.as_str(), t.tried, t.score),
+            ("TestSuiteRobust", 2, 1.0)
+        );
         let t = tally(&[
             r("OffByOne", Killed),
             r("BoundaryMutation", Survived),
@@ -133,7 +139,11 @@ mod tests {
         ]);
         assert_eq!(t.verdict, "TestSuiteHasGaps");
         assert!(t.critical.is_empty());
-        let t = tally(&[r("RemovedCheck", Survived), r("ConditionFlip", Survived), r("OffByOne", Killed)]);
+        let t = tally(&[
+            r("RemovedCheck", Survived),
+            r("ConditionFlip", Survived),
+            r("OffByOne", Killed),
+        ]);
         assert_eq!(t.verdict, "TestSuiteWeak");
         assert_eq!(t.critical.len(), 2);
     }

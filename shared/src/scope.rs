@@ -230,7 +230,13 @@ mod tests {
         }
     }
 
-    fn change(kind: ChangeKind, old: Option<&str>, new: Option<&str>, om: u32, nm: u32) -> PathChange {
+    fn change(
+        kind: ChangeKind,
+        old: Option<&str>,
+        new: Option<&str>,
+        om: u32,
+        nm: u32,
+    ) -> PathChange {
         PathChange {
             kind,
             old_path: old.map(str::to_string),
@@ -261,10 +267,16 @@ mod tests {
     #[test]
     fn star_stays_in_its_folder_and_double_star_crosses() {
         let s = scope(&["tests/*.py"]);
-        assert!(check(&s, &[modified("tests/test_a.py")]).unwrap().is_empty());
-        assert!(!check(&s, &[modified("tests/sub/test_a.py")]).unwrap().is_empty());
+        assert!(check(&s, &[modified("tests/test_a.py")])
+            .unwrap()
+            .is_empty());
+        assert!(!check(&s, &[modified("tests/sub/test_a.py")])
+            .unwrap()
+            .is_empty());
         let s = scope(&["tests/**"]);
-        assert!(check(&s, &[modified("tests/sub/test_a.py")]).unwrap().is_empty());
+        assert!(check(&s, &[modified("tests/sub/test_a.py")])
+            .unwrap()
+            .is_empty());
         assert!(!check(&s, &[modified("conftest.py")]).unwrap().is_empty());
     }
 
@@ -286,7 +298,13 @@ mod tests {
     #[test]
     fn deletions_count() {
         let s = scope(&["stack.py"]);
-        let del = change(ChangeKind::Deleted, Some("tests/test_stack.py"), None, MODE_FILE, 0);
+        let del = change(
+            ChangeKind::Deleted,
+            Some("tests/test_stack.py"),
+            None,
+            MODE_FILE,
+            0,
+        );
         assert_eq!(check(&s, &[del]).unwrap().len(), 1);
     }
 
@@ -309,7 +327,11 @@ mod tests {
             MODE_FILE,
             MODE_SYMLINK,
         );
-        let v = check(&s, &[link.clone(), sub.clone(), exec.clone(), typechange.clone()]).unwrap();
+        let v = check(
+            &s,
+            &[link.clone(), sub.clone(), exec.clone(), typechange.clone()],
+        )
+        .unwrap();
         let reasons: Vec<ViolationReason> = v.iter().map(|v| v.reason).collect();
         assert!(reasons.contains(&ViolationReason::Symlink));
         assert!(reasons.contains(&ViolationReason::Submodule));
@@ -320,7 +342,9 @@ mod tests {
             submodules: true,
             mode_changes: true,
         };
-        assert!(check(&open, &[link, sub, exec, typechange]).unwrap().is_empty());
+        assert!(check(&open, &[link, sub, exec, typechange])
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -353,6 +377,9 @@ mod tests {
     #[test]
     fn describe_names_paths_and_reasons() {
         let v = check(&scope(&["a.py"]), &[modified("b.py")]).unwrap();
-        assert_eq!(describe(&v), "write scope violated: `b.py` (outside the write scope)");
+        assert_eq!(
+            describe(&v),
+            "write scope violated: `b.py` (outside the write scope)"
+        );
     }
 }

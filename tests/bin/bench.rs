@@ -400,7 +400,9 @@ async fn hybrid() -> anyhow::Result<()> {
     println!("| wall (submit → finished) | {wall:.2} |");
     println!("| critical path (longest chain of its jobs) | {critical:.2} |");
     println!("| all jobs one after another | {sequential:.2} |");
-    println!("| critical path with the harness's builds and mutants at zero cost | {critical_bare:.2} |");
+    println!(
+        "| critical path with the harness's builds and mutants at zero cost | {critical_bare:.2} |"
+    );
     println!(
         "\nthe new checks (impl_build, fix_build, mutants, mutant_run, mutation_score) add {:.2} s to the critical path ({:.0}%)",
         critical - critical_bare,
@@ -484,7 +486,9 @@ async fn mutation() -> anyhow::Result<()> {
         ));
     }
     println!("## Mutation testing executed by the harness: fan-out against one container\n");
-    println!("| layout | mutants per job | jobs | mutants | killed | survived | mutation phase s |");
+    println!(
+        "| layout | mutants per job | jobs | mutants | killed | survived | mutation phase s |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for (label, batch, jobs, n, killed, survived, secs) in &rows {
         println!("| {label} | {batch} | {jobs} | {n} | {killed} | {survived} | {secs:.2} |");

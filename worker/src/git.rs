@@ -373,8 +373,16 @@ fn delta_change(d: &git2::DiffDelta<'_>) -> PathChange {
         } else {
             path(d.new_file())
         },
-        old_mode: if kind == ChangeKind::Added { 0 } else { old_mode },
-        new_mode: if kind == ChangeKind::Deleted { 0 } else { new_mode },
+        old_mode: if kind == ChangeKind::Added {
+            0
+        } else {
+            old_mode
+        },
+        new_mode: if kind == ChangeKind::Deleted {
+            0
+        } else {
+            new_mode
+        },
     }
 }
 

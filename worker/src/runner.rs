@@ -278,7 +278,14 @@ impl Runner {
         };
 
         let stop = self.stop_token(&spec.job_id);
-        let work = self.step(dir, spec, &bundle, worktree.as_ref(), session.as_deref(), art);
+        let work = self.step(
+            dir,
+            spec,
+            &bundle,
+            worktree.as_ref(),
+            session.as_deref(),
+            art,
+        );
         let stepped = tokio::select! {
             r = tokio::time::timeout(timeout, work) => Some(r),
             _ = stop.cancelled() => None,
@@ -320,7 +327,7 @@ impl Runner {
         };
 
         let (mut commit, mut pack) = (None, None);
-        
+
         if let (Some(wt), Some(w)) = (&worktree, &spec.worktree) {
             if w.commit_out && step.status == JobStatus::Ok {
                 let message = commit_message(spec, &step.output, &usage);
@@ -332,7 +339,13 @@ impl Runner {
                     if let Some(refused) = enforce_scope(spec, wt, &id)? {
                         art.put_json("scope_violation.json", &refused.output["scope_violation"])
                             .await?;
-                        return Ok((refused.merged_into(step), usage, None, None, container_seconds));
+                        return Ok((
+                            refused.merged_into(step),
+                            usage,
+                            None,
+                            None,
+                            container_seconds,
+                        ));
                     }
                 }
                 if id != wt.base() {
@@ -468,7 +481,8 @@ impl Runner {
                         verify::check_build(&spec.params, session, art).await?
                     }
                     Some("generate_mutants") => {
-                        let step = mutation::generate(&spec.params, &wt.ok_or_else(no_worktree)?.dir);
+                        let step =
+                            mutation::generate(&spec.params, &wt.ok_or_else(no_worktree)?.dir);
                         art.put_json("mutants.json", &step.output).await?;
                         step
                     }

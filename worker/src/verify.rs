@@ -125,9 +125,7 @@ pub async fn observe(
     let argv = shared::factory::split_command(&params.command)
         .map_err(|e| format!("bad test command: {e}"))?;
     let mounts = place.session.mounts();
-    let harness_mount = mounts
-        .harness
-        .ok_or("the session has no harness folder")?;
+    let harness_mount = mounts.harness.ok_or("the session has no harness folder")?;
     let canary = (params.language == "python").then(|| lang::python_canary(&nonce(seed)));
     let layout = RunLayout {
         work: mounts.work,
@@ -143,8 +141,12 @@ pub async fn observe(
         safe_fs::write_beneath(place.harness_dir, name, body.as_bytes()).map_err(io)?;
     }
     if let Some((file, body)) = &canary {
-        safe_fs::write_beneath(place.harness_dir, &format!("canary/{file}"), body.as_bytes())
-            .map_err(io)?;
+        safe_fs::write_beneath(
+            place.harness_dir,
+            &format!("canary/{file}"),
+            body.as_bytes(),
+        )
+        .map_err(io)?;
     }
     if let Some(report) = &inv.report_file {
         safe_fs::remove_beneath(place.harness_dir, report).map_err(io)?;
@@ -166,8 +168,8 @@ pub async fn observe(
     if let Err(e) = place.session.kill_strays().await {
         tracing::warn!(error = %e, "could not kill processes left by the test run");
     }
-    let timed_out = exec.timed_out
-        || (exec.exit_code == 137 && exec.duration >= Duration::from_secs(limit));
+    let timed_out =
+        exec.timed_out || (exec.exit_code == 137 && exec.duration >= Duration::from_secs(limit));
     let stdout = String::from_utf8_lossy(&exec.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&exec.stderr).into_owned();
     let report = match inv.report {
@@ -196,16 +198,15 @@ pub async fn observe(
 
 fn read_junit(harness_dir: &Path, file: Option<&str>) -> Result<TestRunReport, String> {
     let file = file.ok_or("no report file")?;
-    let read = match safe_fs::read_capped(harness_dir, file, REPORT_CAP) {
-        Ok(r) => r,
-        Err(e) if e.is_not_found() => {
-            return Err(
+    let read =
+        match safe_fs::read_capped(harness_dir, file, REPORT_CAP) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Err(
                 "the runner wrote no report: the process ended before the tests ran, or was killed"
                     .into(),
-            )
-        }
-        Err(e) => return Err(format!("the report cannot be read: {e}")),
-    };
+            ),
+            Err(e) => return Err(format!("the report cannot be read: {e}")),
+        };
     if read.truncated {
         return Err(format!("the report is larger than {REPORT_CAP} bytes"));
     }
@@ -267,7 +268,8 @@ fn failures(report: &TestRunReport, text: &str, missing: &[String]) -> Vec<Value
             let name = short_name(&c.id);
             let kind = match c.outcome {
                 CaseOutcome::Failed
-                    if c.message.starts_with("AssertionError") || c.message.starts_with("assert") =>
+                    if c.message.starts_with("AssertionError")
+                        || c.message.starts_with("assert") =>
                 {
                     "assertion"
                 }
@@ -331,10 +333,8 @@ pub async fn run_tests(
         .await?;
     let text = format!("{}\n{}", obs.stdout, obs.stderr);
     let allowed: BTreeSet<String> = p.allowed_skips.iter().cloned().collect();
-    let frozen: Option<BTreeSet<String>> = p
-        .frozen
-        .as_ref()
-        .map(|f| f.tests.iter().cloned().collect());
+    let frozen: Option<BTreeSet<String>> =
+        p.frozen.as_ref().map(|f| f.tests.iter().cloned().collect());
     let mut output = json!({
         "command": p.command,
         "language": p.language,
@@ -397,8 +397,9 @@ pub async fn run_tests(
                     output["reasons"] = json!(pass.reasons);
                     (
                         pass.ok,
-                        (!pass.ok)
-                            .then(|| format!("the tests did not pass: {}", pass.reasons.join("; "))),
+                        (!pass.ok).then(|| {
+                            format!("the tests did not pass: {}", pass.reasons.join("; "))
+                        }),
                     )
                 }
                 Expect::Fail => {
