@@ -314,6 +314,14 @@ pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: &str) -> Val
                 "derived": o.derived})
             })
     });
+    let undeclared: Map<String, Value> = ["types", "tests", "impl", "fix"]
+        .iter()
+        .filter_map(|n| {
+            let o = last(state, n)?;
+            let found = o.output.get("undeclared_definitions").cloned()?;
+            Some((n.to_string(), found))
+        })
+        .collect();
     json!({
         "success": success,
         "exit": exit_variant(exit, success),
@@ -324,6 +332,8 @@ pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: &str) -> Val
         "mutation_adversary": mutation_result(state),
         "witness": witness(state),
         "verification": lattice(state),
+        // Claims in the other direction: definitions on disk no claim declared (reported).
+        "undeclared_definitions": undeclared,
         "attempts": state.visits.get(&NodeId::new("fix")).copied().unwrap_or(0),
         "visits": state.visits,
         "branches": branches,

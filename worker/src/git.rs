@@ -494,3 +494,51 @@ pub fn files_on_disk(root: &Path) -> Result<Vec<(String, Vec<u8>)>, GitError> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::patch_changes;
+    use shared::scope::{check, ChangeKind, ViolationReason, WriteScope};
+
+    fn allowed(p: &str) -> WriteScope {
+        WriteScope {
+            globs: vec![p.into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_rename_onto_the_tests_is_seen_on_both_sides_whatever_the_header_says() {
+        let diff = "diff --git a/calc.py b/calc.py\nsimilarity index 50%\nrename from tests/test_calc.py\nrename to tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -1 +1 @@\n-assert add(1, 2) == 3\n+assert True\n";
+        match patch_changes(diff) {
+            Ok(changes) => {
+                let paths: Vec<&str> = changes.iter().flat_map(|c| c.paths()).collect();
+                assert!(
+                    paths.contains(&"tests/test_calc.py"),
+                    "libgit2 sees {changes:?}"
+                );
+                let v = check(&allowed("calc.py"), &changes).unwrap();
+                assert!(v.iter().any(|v| v.path == "tests/test_calc.py"), "{v:?}");
+            }
+            // Refusing to parse it is as good: it cannot apply either.
+            Err(e) => assert!(e.to_string().contains("patch"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn quoted_paths_are_decoded_before_the_scope_sees_them() {
+        let diff = "diff --git \"a/tests/test_calc.py\" \"b/tests/test_calc.py\"\n--- \"a/tests/test_calc.py\"\n+++ \"b/tests/test_calc.py\"\n@@ -1 +1 @@\n-x\n+y\n";
+        let changes = patch_changes(diff).unwrap();
+        assert_eq!(changes[0].new_path.as_deref(), Some("tests/test_calc.py"));
+        assert_eq!(check(&allowed("calc.py"), &changes).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_new_symlink_is_refused_even_in_scope() {
+        let diff = "diff --git a/calc.py b/calc.py\nnew file mode 120000\n--- /dev/null\n+++ b/calc.py\n@@ -0,0 +1 @@\n+/proc/self/environ\n\\ No newline at end of file\n";
+        let changes = patch_changes(diff).unwrap();
+        assert_eq!(changes[0].kind, ChangeKind::Added);
+        let v = check(&allowed("calc.py"), &changes).unwrap();
+        assert_eq!(v[0].reason, ViolationReason::Symlink);
+    }
+}

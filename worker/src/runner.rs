@@ -649,6 +649,15 @@ fn check_claims(
             return;
         }
     };
+    let mut declared = defines.clone();
+    declared.extend(exercises.iter().map(|e| e.test.clone()));
+    let undeclared = crate::claims::undeclared(lang.as_ref(), &files, &declared);
+    if let Some(obj) = out.output.as_object_mut() {
+        obj.insert(
+            "undeclared_definitions".into(),
+            serde_json::json!(undeclared),
+        );
+    }
     let errors = crate::claims::check(lang.as_ref(), &files, &defines, &exercises);
     if !errors.is_empty() {
         out.status = JobStatus::Failed;

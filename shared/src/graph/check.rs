@@ -603,6 +603,39 @@ nodes:
     }
 
     #[test]
+    fn a_node_that_commits_needs_a_write_scope_and_only_such_a_node_has_one() {
+        let committing = OK.replace(
+            "    max_visits: 3\n",
+            "    max_visits: 3\n    worktree: {from: base, mode: rw, commit: true}\n",
+        );
+        let errs = load(&committing).unwrap_err();
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("field `writes`") && e.contains("needs a write scope")),
+            "{errs:?}"
+        );
+        let scoped = committing.replace(
+            "    max_visits: 3\n",
+            "    max_visits: 3\n    writes: [input.impl, \"['a.py']\"]\n",
+        );
+        assert_eq!(load(&scoped), Ok(()));
+        let full = committing.replace(
+            "    max_visits: 3\n",
+            "    max_visits: 3\n    writes: {paths: [input.impl], symlinks: true}\n",
+        );
+        assert_eq!(load(&full), Ok(()));
+        let stray = OK.replace("    max_visits: 3\n", "    max_visits: 3\n    writes: []\n");
+        let errs = load(&stray).unwrap_err();
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("only a node whose worktree commits")),
+            "{errs:?}"
+        );
+        let bad = scoped.replace("input.impl", "input.(");
+        assert!(load(&bad).is_err());
+    }
+
+    #[test]
     fn names_file_node_and_field_of_an_unknown_route() {
         let errs = load(&OK.replace("- to: a\n", "- to: nowhere\n")).unwrap_err();
         assert!(

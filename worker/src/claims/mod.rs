@@ -105,6 +105,26 @@ pub fn check(
     errors
 }
 
+/// The other direction: functions defined in the changed files that no claim declares (special
+/// methods aside). Reported, not failed: an agent may write helpers, but the result says so.
+pub fn undeclared(
+    lang: &dyn LanguageIndex,
+    files: &BTreeMap<String, String>,
+    declared: &[String],
+) -> Vec<String> {
+    let mut found = BTreeSet::new();
+    for (_, src) in files.iter().filter(|(p, _)| lang.handles(p)) {
+        if let Ok(ix) = lang.index(src) {
+            found.extend(ix.definitions.into_keys());
+        }
+    }
+    found
+        .into_iter()
+        .filter(|n| !(n.starts_with("__") && n.ends_with("__")))
+        .filter(|n| !declared.contains(n))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +152,17 @@ def test_push_pop():
 def test_lazy():
     assert True
 "#;
+
+    #[test]
+    fn definitions_nobody_declared_are_reported() {
+        let py = language("python").unwrap();
+        let found = undeclared(
+            py.as_ref(),
+            &files(SRC),
+            &["push".to_string(), "test_push_pop".to_string()],
+        );
+        assert_eq!(found, vec!["Stack", "pop", "test_lazy"]);
+    }
 
     #[test]
     fn stubs_are_told_apart_from_bodies() {
