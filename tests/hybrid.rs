@@ -269,6 +269,9 @@ async fn a_critical_type_hole_routes_to_the_types_fix_until_its_budget_is_exhaus
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fix_loop_repeating_one_failure_pattern_ends_stuck() -> anyhow::Result<()> {
+    // The impl pops and peeks at the bottom. Fix 1 repairs peek but not pop; fix 2 still pops
+    // the bottom and breaks is_empty. The set of failing tests differs in every round, but
+    // test_pop_returns_last_pushed fails the same way three times: stuck, per test.
     let stack = Stack::start("hystuck", 2, &[]).await?;
     let run = submit(
         &stack,
@@ -277,20 +280,76 @@ async fn a_fix_loop_repeating_one_failure_pattern_ends_stuck() -> anyhow::Result
     )
     .await?;
     let (status, r) = finish(&stack, &run).await?;
+    let mut failing = Vec::new();
+    let mut stuck_signatures = Vec::new();
+    for v in 1..=3 {
+        let report = stack
+            .artifact_json(&format!("runs/{run}/validate_{v}/test_report.json"))
+            .await?;
+        let mut names: Vec<String> = report["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        failing.push(names);
+        stuck_signatures.extend(
+            report["failure_signatures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .filter(|s| s.contains("::test_pop_returns_last_pushed:"))
+                .map(str::to_string),
+        );
+    }
+    assert_eq!(
+        failing,
+        vec![
+            vec!["test_peek_keeps_the_top", "test_pop_returns_last_pushed"],
+            vec!["test_pop_returns_last_pushed"],
+            vec![
+                "test_new_stack_is_empty",
+                "test_pop_returns_last_pushed",
+                "test_push_then_pop_returns_item"
+            ],
+        ],
+        "the failures as a whole never repeat"
+    );
+    // `assert s.pop() == 2` failed the same way each time; pytest's message names the object
+    // (`<stack.Stack object at 0x...>`), whose address differs in every run, and must not make
+    // the signatures differ.
+    assert_eq!(stuck_signatures.len(), 3, "{stuck_signatures:?}");
+    assert!(
+        stuck_signatures.iter().all(|s| *s == stuck_signatures[0]),
+        "one failure, one signature (worker/src/verify.rs's failure_signatures must not carry \
+         the memory addresses in pytest's message): {stuck_signatures:#?}"
+    );
     assert_eq!(status["status"], "failed");
     assert_eq!(r["exit"], "StuckOnPattern", "{r}");
     assert_eq!(status["visits"]["validate"], 3);
     assert_eq!(status["visits"]["fix"], 2);
+    assert_eq!(
+        status["visits"]["fix_build"], 2,
+        "the harness built each fix"
+    );
     let seen = r["understanding"]["failures_seen"].as_array().unwrap();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert_eq!(seen[0]["test"], "test_pop_returns_last_pushed");
-    assert_eq!(seen[0]["occurrences"], 3);
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    for s in seen {
+        let expected = if s["test"] == "test_pop_returns_last_pushed" {
+            3
+        } else {
+            1
+        };
+        assert_eq!(s["occurrences"], expected, "{s}");
+    }
     assert_eq!(
         r["understanding"]["fixes_applied"]
             .as_array()
             .unwrap()
             .len(),
-        2
+        4
     );
     assert_eq!(r["attempts"], 2);
     // The fix agent's second prompt carries what was tried and seen before.
@@ -298,28 +357,65 @@ async fn a_fix_loop_repeating_one_failure_pattern_ends_stuck() -> anyhow::Result
         .get_text(&format!("/v1/artifacts/runs/{run}/fix_2/prompt.md"))
         .await?;
     assert!(
-        p.contains("Previous fixes tried") && p.contains("pop: pop from the end (LogicFix)"),
+        p.contains("Previous fixes tried")
+            && p.contains("pop: pop from the end (LogicFix)")
+            && p.contains("peek: return the last item (LogicFix)"),
         "{p}"
     );
     assert!(p.contains("test_pop_returns_last_pushed"));
+    assert!(p.contains("validation 1: test_pop_returns_last_pushed, test_peek_keeps_the_top"));
     Ok(())
+}
+
+/// The script's tests file without the named test functions (and their claimed properties).
+fn without_tests(script: &mut Value, names: &[&str]) {
+    let file = &mut script["tests"][0]["files"]["tests/test_stack.py"];
+    let kept: Vec<&str> = file
+        .as_str()
+        .unwrap()
+        .split("\n\n\n")
+        .filter(|block| {
+            !names
+                .iter()
+                .any(|n| block.starts_with(&format!("def {n}():")))
+        })
+        .collect();
+    *file = json!(kept.join("\n\n\n"));
+    script["tests"][0]["output"]["properties"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|p| !names.iter().any(|n| p["name"] == *n));
+}
+
+/// The survivors of an executed mutation round, as `(function, mutation_type)`.
+fn survivors(m: &Value) -> Vec<(String, String)> {
+    let mut s: Vec<(String, String)> = m["survivors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no survivors list: {m}"))
+        .iter()
+        .map(|s| {
+            (
+                s["function"].as_str().unwrap_or("").to_string(),
+                s["mutation_type"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    s.sort();
+    s
+}
+
+fn peek_off_by_one() -> Vec<(String, String)> {
+    vec![("peek".to_string(), "OffByOne".to_string())]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn surviving_mutants_block_in_blocking_mode_and_only_advise_otherwise() -> anyhow::Result<()>
 {
+    // script-survivors.json's tests only peek at a one-item stack: `_items[-1]` -> `_items[0]`
+    // survives (an OffByOne, not critical); every other mutant of the impl is killed.
     let stack = Stack::start("hymut", 2, &[]).await?;
-    let blocking = submit(
-        &stack,
-        read_example("script-survivors.json")?,
-        json!({"mutation_blocking": true}),
-    )
-    .await?;
-    let (status, r) = finish(&stack, &blocking).await?;
-    assert_eq!(status["status"], "failed");
-    assert_eq!(r["exit"], "MutantsSurvived", "{r}");
-    assert_eq!(r["mutation_adversary"]["verdict"], "TestSuiteHasGaps");
 
+    // Advisory: the executed survivor is reported, the run succeeds.
     let advisory = submit(
         &stack,
         read_example("script-survivors.json")?,
@@ -329,22 +425,142 @@ async fn surviving_mutants_block_in_blocking_mode_and_only_advise_otherwise() ->
     let (status, r) = finish(&stack, &advisory).await?;
     assert_eq!(
         status["status"], "succeeded",
-        "a boundary survivor only advises: {r}"
+        "a non-critical survivor only advises: {r}"
     );
-    assert_eq!(r["mutation_adversary"]["verdict"], "TestSuiteHasGaps");
-    assert_eq!(r["mutation_adversary"]["critical"], json!([]));
+    let m = &r["mutation_adversary"];
+    assert_eq!(m["executed"], true, "{m}");
+    assert_eq!(m["verdict"], "TestSuiteHasGaps", "{m}");
+    assert_eq!(m["survived"], 1, "{m}");
+    assert!(m["tried"].as_u64().unwrap() >= 10, "{m}");
+    assert_eq!(survivors(m), peek_off_by_one(), "{m}");
+    assert_eq!(m["critical"], json!([]));
+    assert_eq!(m["strengthened"], 0);
+    assert!(status["visits"]["strengthen"].is_null());
 
-    // A critical survivor (a removed check) blocks even in advisory mode.
-    let mut script = read_example("script-survivors.json")?;
-    script["mutation"][0]["output"]["survivors"][0]["mutation_type"] = json!("RemovedCheck");
-    let critical = submit(
+    // Blocking: the survivors go to the tests agent, whose added test kills the mutant; the
+    // mutants run again against the strengthened suite, which becomes the frozen set.
+    let strengthened = submit(
         &stack,
-        script,
-        json!({"mutation_blocking": false, "max_fix_attempts": 4}),
+        read_example("script-survivors.json")?,
+        json!({"mutation_blocking": true}),
     )
     .await?;
-    let (_, r) = finish(&stack, &critical).await?;
+    let (status, r) = finish(&stack, &strengthened).await?;
+    assert_eq!(status["status"], "succeeded", "{r}");
+    assert_eq!(r["exit"], "Success");
+    let m = &r["mutation_adversary"];
+    assert_eq!(m["verdict"], "TestSuiteRobust", "{m}");
+    assert_eq!(m["survived"], 0, "{m}");
+    assert_eq!(m["strengthened"], 1, "{m}");
+    assert_eq!(status["visits"]["mutants"], 2);
+    assert_eq!(status["visits"]["mutation_score"], 2);
+    assert_eq!(status["visits"]["recheck"], 1);
+    let prompt = stack
+        .get_text(&format!(
+            "/v1/artifacts/runs/{strengthened}/strengthen_1/prompt.md"
+        ))
+        .await?;
+    assert!(
+        prompt.contains("`peek`") && prompt.contains("(OffByOne)"),
+        "the survivor reached the tests agent: {prompt}"
+    );
+    let state = stack
+        .artifact_json(&format!("runs/{strengthened}/state.json"))
+        .await?;
+    let first = state["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["node"] == "mutation_score")
+        .unwrap();
+    assert_eq!(survivors(&first["output"]), peek_off_by_one());
+    // The strengthened suite kept every frozen test and added one.
+    let verify = stack
+        .artifact_json(&format!(
+            "runs/{strengthened}/verify_tdd_1/test_report.json"
+        ))
+        .await?;
+    let recheck = stack
+        .artifact_json(&format!("runs/{strengthened}/recheck_1/test_report.json"))
+        .await?;
+    assert_eq!(recheck["passed"], true);
+    let executed = |v: &Value| -> Vec<String> {
+        v["executed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect()
+    };
+    let (before, after) = (executed(&verify), executed(&recheck));
+    assert!(before.iter().all(|t| after.contains(t)), "{after:?}");
+    assert_eq!(after.len(), before.len() + 1, "{after:?}");
+    assert!(after
+        .iter()
+        .any(|t| t.ends_with("::test_peek_sees_the_last_of_two")));
+
+    // Blocking, and the added test kills nothing: the same survivor after every round of the
+    // budget, then the run fails.
+    let mut script = read_example("script-survivors.json")?;
+    let file = &mut script["strengthen"][0]["files"]["tests/test_stack.py"];
+    let useless = format!(
+        "{}\n\ndef test_push_accepts_none():\n    s = Stack()\n    s.push(None)\n    assert s.pop() is None\n",
+        read_example("script-survivors.json")?["tests"][0]["files"]["tests/test_stack.py"]
+            .as_str()
+            .unwrap()
+    );
+    *file = json!(useless);
+    let added = &mut script["strengthen"][0]["output"]["properties"][6];
+    added["name"] = json!("test_push_accepts_none");
+    added["target_functions"] = json!(["push", "pop"]);
+    let exhausted = submit(
+        &stack,
+        script,
+        json!({"mutation_blocking": true, "max_fix_attempts": 2}),
+    )
+    .await?;
+    let (status, r) = finish(&stack, &exhausted).await?;
+    assert_eq!(status["status"], "failed");
+    assert_eq!(r["exit"], "MutantsSurvived", "{r}");
+    let m = &r["mutation_adversary"];
+    assert_eq!(m["verdict"], "TestSuiteHasGaps", "{m}");
+    assert_eq!(survivors(m), peek_off_by_one(), "{m}");
+    assert_eq!(m["critical"], json!([]));
+    assert_eq!(m["strengthened"], 2, "the budget");
+    assert_eq!(status["visits"]["mutants"], 3);
+
+    // Without the empty-stack tests, removing pop's and peek's guards goes unnoticed: critical
+    // survivors fail the run even in advisory mode, though the LLM adversary claims none.
+    let mut script = read_example("script-survivors.json")?;
+    without_tests(
+        &mut script,
+        &["test_pop_empty_raises", "test_peek_empty_raises"],
+    );
+    script["mutation"][0]["output"]["survivors"] = json!([]);
+    let critical = submit(&stack, script, json!({"mutation_blocking": false})).await?;
+    let (status, r) = finish(&stack, &critical).await?;
+    assert_eq!(status["status"], "failed");
     assert_eq!(r["exit"], "CriticalMutantSurvived", "{r}");
+    let m = &r["mutation_adversary"];
+    let critical: Vec<(String, String)> = survivors(&json!({"survivors": m["critical"]}));
+    assert_eq!(
+        critical,
+        vec![
+            ("peek".to_string(), "RemovedCheck".to_string()),
+            ("pop".to_string(), "RemovedCheck".to_string()),
+        ],
+        "{m}"
+    );
+    assert_eq!(
+        survivors(m),
+        vec![
+            ("peek".to_string(), "OffByOne".to_string()),
+            ("peek".to_string(), "RemovedCheck".to_string()),
+            ("pop".to_string(), "RemovedCheck".to_string()),
+        ],
+        "{m}"
+    );
+    assert_eq!(m["survived"], 3, "{m}");
     Ok(())
 }
 
@@ -398,16 +614,19 @@ async fn a_claimed_function_that_is_not_on_disk_is_caught() -> anyhow::Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_of_the_impl_is_reachable_from_the_tests_container() -> anyhow::Result<()> {
     let stack = Stack::start("hyblind", 2, &[]).await?;
-    let run = submit(&stack, read_example("script-blind.json")?, json!({})).await?;
+    let script = read_example("script-blind.json")?;
+    let delay = script["tests"][0]["delay_seconds"].as_f64().unwrap();
+    let run = submit(&stack, script, json!({})).await?;
     let (status, _) = finish(&stack, &run).await?;
     assert_eq!(status["status"], "succeeded");
-    // The impl had written its marker before the tests agent searched (the tests agent waits 2 s).
+    // The impl had written its marker before the tests agent searched: the tests agent waits
+    // `delay` seconds after its job started (and after its container was up) before searching.
     let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
     let (_, impl_end) = interval(&logs, "impl");
     let (tests_start, _) = interval(&logs, "tests");
     assert!(
-        impl_end < tests_start + chrono::Duration::seconds(2),
-        "impl finished before the search"
+        impl_end < tests_start + chrono::Duration::milliseconds((delay * 1000.0) as i64),
+        "impl finished before the search: impl ended {impl_end}, tests started {tests_start}"
     );
     let transcript = stack
         .artifact_json(&format!("runs/{run}/tests_1/transcript.json"))

@@ -745,6 +745,37 @@ pub fn judge_pass(
     }
 }
 
+/// pytest's closing line, e.g. `2 failed, 5 passed, 1 skipped in 0.31s` (also framed with
+/// `=`): its counts by word (`passed`, `failed`, `error`/`errors`, `skipped`, `xfailed`,
+/// `xpassed`, `deselected`, `warnings`...). `None` when the output has no such line. Only the
+/// last one counts.
+pub fn pytest_summary(output: &str) -> Option<std::collections::BTreeMap<String, usize>> {
+    for line in output.lines().rev() {
+        let l = line.trim().trim_matches('=').trim();
+        let Some((counts, time)) = l.rsplit_once(" in ") else {
+            continue;
+        };
+        let time = time.split_whitespace().next().unwrap_or_default();
+        if !time.ends_with('s') || time.trim_end_matches('s').parse::<f64>().is_err() {
+            continue;
+        }
+        let mut found = std::collections::BTreeMap::new();
+        let mut ok = !counts.trim().is_empty();
+        for item in counts.split(", ") {
+            match item.trim().split_once(' ') {
+                Some((n, word)) if n.parse::<usize>().is_ok() && !word.contains(' ') => {
+                    *found.entry(word.to_string()).or_insert(0) += n.parse::<usize>().unwrap_or(0);
+                }
+                _ => ok = false,
+            }
+        }
+        if ok {
+            return Some(found);
+        }
+    }
+    None
+}
+
 /// Tests run against stubs (the skeleton) must all fail: ok when at least one test executed,
 /// none passed, none skipped/xfailed, no collection error (errored cases whose id has no `::`)
 /// and the exit code is non-zero.
@@ -1775,5 +1806,18 @@ second</failure></testcase><testcase name="b"><failure message="{long}"/></testc
                 let _ = parse_libtest(&s);
             }
         }
+    }
+
+    #[test]
+    fn pytest_closing_lines_are_read() {
+        let s = pytest_summary("....\n1 failed, 3 passed in 0.29s\n").unwrap();
+        assert_eq!((s["failed"], s["passed"]), (1, 3));
+        let s = pytest_summary("===== 2 passed, 1 skipped, 1 xfailed in 1.02s =====\n").unwrap();
+        assert_eq!((s["passed"], s["skipped"], s["xfailed"]), (2, 1, 1));
+        assert!(pytest_summary("nothing in here\n").is_none());
+        assert!(pytest_summary("").is_none());
+        // The last closing line wins.
+        let s = pytest_summary("5 passed in 1.0s\n1 failed in 0.1s\n").unwrap();
+        assert_eq!(s.get("passed"), None);
     }
 }

@@ -31,6 +31,14 @@ pub enum GitError {
     SafeFs(#[from] crate::safe_fs::SafeFsError),
 }
 
+impl GitError {
+    /// Git refused what is in the worktree (a nested repository, a path it will not index):
+    /// the content's fault, so retrying cannot help. Errors of the operating system are not.
+    pub fn is_refused_content(&self) -> bool {
+        matches!(self, GitError::Git(e) if e.class() != git2::ErrorClass::Os)
+    }
+}
+
 /// The per-worker cache: one bare mirror holding every pack the worker has seen.
 pub struct GitCache {
     mirror: PathBuf,

@@ -331,9 +331,30 @@ impl Runner {
         if let (Some(wt), Some(w)) = (&worktree, &spec.worktree) {
             if w.commit_out && step.status == JobStatus::Ok {
                 let message = commit_message(spec, &step.output, &usage);
-                let made = wt
-                    .commit_all(&message)
-                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                let made = match wt.commit_all(&message) {
+                    Ok(made) => made,
+                    // What the job left in the worktree cannot be committed (a nested
+                    // repository, a path git refuses): the job's doing, never retried.
+                    Err(e) if e.is_refused_content() => {
+                        warn!(job = %spec.job_id, error = %e, "the worktree cannot be committed");
+                        let refused = StepOutcome {
+                            status: JobStatus::Failed,
+                            output: json!({"scope_violation": {
+                                "violations": [{"path": e.to_string(), "reason": "bad_path"}],
+                                "scope": spec.write_scope,
+                            }}),
+                            error: Some(format!("the worktree cannot be committed: {e}")),
+                        };
+                        return Ok((
+                            refused.merged_into(step),
+                            usage,
+                            None,
+                            None,
+                            container_seconds,
+                        ));
+                    }
+                    Err(e) => return Err(RunError::Transient(e.to_string())),
+                };
                 let id = made.unwrap_or_else(|| wt.head());
                 if spec.kind != NodeKind::Git {
                     if let Some(refused) = enforce_scope(spec, wt, &id)? {
@@ -478,7 +499,8 @@ impl Runner {
                     }
                     Some("check_build") => {
                         let session = session.expect("the build runs in a container");
-                        verify::check_build(&spec.params, session, art).await?
+                        let root = wt.ok_or_else(no_worktree)?.dir.clone();
+                        verify::check_build(&spec.params, &root, session, art).await?
                     }
                     Some("generate_mutants") => {
                         let step =

@@ -153,12 +153,26 @@ pub async fn observe(
     }
     // The runner ends itself a little before the container's own deadline would.
     let limit = params.timeout_seconds.max(1);
-    let mut full = vec![
+    let mut full = Vec::new();
+    if place.session.isolated() {
+        // Everything the run left behind dies in the same exec, right as the runner ends, so
+        // no daemon gets to rewrite the report in between.
+        full.extend(
+            [
+                "sh",
+                "-c",
+                "\"$@\"; rc=$?; kill -9 -1 2>/dev/null; exit $rc",
+                "fleet-test-run",
+            ]
+            .map(String::from),
+        );
+    }
+    full.extend([
         "timeout".to_string(),
         "-s".into(),
         "KILL".into(),
         format!("{limit}s"),
-    ];
+    ]);
     full.extend(inv.argv);
     let exec = place
         .session
@@ -182,7 +196,7 @@ pub async fn observe(
     let report = match (report, &canary) {
         (Ok(r), Some((file, _))) => {
             let tag = file.trim_end_matches(".py");
-            take_canary(r, tag, &mut exit_code)
+            take_canary(r, tag, &mut exit_code).and_then(|r| summary_agrees(r, &stdout, timed_out))
         }
         (r, _) => r,
     };
@@ -242,6 +256,67 @@ fn take_canary(
         *exit_code = 0;
     }
     Ok(r)
+}
+
+/// pytest's own closing line (`2 failed, 5 passed in 0.31s`) must agree with the report: a
+/// report rewritten after the run, or written by something else, says other numbers.
+fn summary_agrees(
+    r: TestRunReport,
+    stdout: &str,
+    timed_out: bool,
+) -> Result<TestRunReport, String> {
+    if timed_out {
+        return Ok(r);
+    }
+    let Some(summary) = testreport::pytest_summary(stdout) else {
+        return Err("the runner printed no closing summary: its report cannot be trusted".into());
+    };
+    let c = r.counts();
+    let said = |k: &str| summary.get(k).copied().unwrap_or(0);
+    let failures_said = said("failed") + said("error") + said("errors");
+    // The canary is one of the failures pytest counted.
+    let agrees = said("passed") == c.passed
+        && said("skipped") == c.skipped
+        && said("xfailed") == c.xfailed
+        && failures_said > c.failed + c.errored;
+    if agrees {
+        Ok(r)
+    } else {
+        Err(format!(
+            "the runner's summary ({}) disagrees with its report ({} passed, {} failed, {} errors, {} skipped): the report was not written by this run",
+            summary
+                .iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            c.passed,
+            c.failed,
+            c.errored,
+            c.skipped
+        ))
+    }
+}
+
+/// Failure messages without what changes from run to run (object addresses), so the same
+/// failure gives the same signature.
+fn stable_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find("0x") {
+        out.push_str(&rest[..i]);
+        let hex = rest[i + 2..]
+            .bytes()
+            .take_while(u8::is_ascii_hexdigit)
+            .count();
+        if hex > 0 {
+            out.push_str("0x?");
+        } else {
+            out.push_str("0x");
+        }
+        rest = &rest[i + 2 + hex..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A test id's function name: `tests.test_x::TestA::test_b[1]` -> `test_b`.
@@ -388,7 +463,10 @@ pub async fn run_tests(
                     "{}:{}:{}",
                     f["id"].as_str().unwrap_or_default(),
                     f["kind"].as_str().unwrap_or_default(),
-                    shared::text::head(f["message"].as_str().unwrap_or_default(), 120)
+                    shared::text::head(
+                        &stable_message(f["message"].as_str().unwrap_or_default()),
+                        120
+                    )
                 ))
                 .collect::<Vec<_>>());
             output["failures"] = json!(fails);
@@ -423,9 +501,65 @@ pub async fn run_tests(
     })
 }
 
+/// Implementation code that reaches the test runner's process is refused before anything runs
+/// it (`claims::policy`): for Python the code under test shares the runner's process.
+fn impl_policy(
+    language: &str,
+    impl_paths: &[String],
+    allow: &[String],
+    root: &Path,
+) -> Option<StepOutcome> {
+    if language != "python" {
+        return None;
+    }
+    let rules: Vec<String> = crate::claims::policy::PYTHON_FORBIDDEN
+        .iter()
+        .filter(|r| !allow.iter().any(|a| a == *r))
+        .map(|r| r.to_string())
+        .collect();
+    let mut found = Vec::new();
+    for path in impl_paths.iter().filter(|p| p.ends_with(".py")) {
+        let source = match safe_fs::read_text_within(root, path, 1 << 20) {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => {
+                return Some(StepOutcome {
+                    status: JobStatus::Failed,
+                    output: json!({"build_ok": false, "forbidden": [{"path": path, "why": e.to_string()}]}),
+                    error: Some(format!("cannot read the implementation: {e}")),
+                })
+            }
+        };
+        // Unparsable sources are the build's to report.
+        if let Ok(hits) = crate::claims::policy::python_forbidden(&source, &rules) {
+            found.extend(hits.into_iter().map(|h| (path.clone(), h)));
+        }
+    }
+    if found.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = found
+        .iter()
+        .take(10)
+        .map(|(p, h)| format!("`{}` ({p}:{})", h.name, h.line))
+        .collect();
+    Some(StepOutcome {
+        status: JobStatus::Failed,
+        output: json!({
+            "build_ok": false,
+            "forbidden": found.iter().map(|(p, h)| json!({"path": p, "name": h.name, "rule": h.rule, "line": h.line})).collect::<Vec<_>>(),
+        }),
+        error: Some(format!(
+            "the implementation references what code under test may not: {}",
+            shown.join(", ")
+        )),
+    })
+}
+
 /// `check_build`: the build command, run by the harness (an agent's `build_passed` is a claim).
 pub async fn check_build(
     params: &Value,
+    root: &Path,
     session: &dyn Session,
     art: &mut Artifacts<'_>,
 ) -> Result<StepOutcome, crate::blobs::BlobError> {
@@ -434,11 +568,22 @@ pub async fn check_build(
         build_command: String,
         #[serde(default = "default_timeout")]
         timeout_seconds: u64,
+        #[serde(default = "python")]
+        language: String,
+        /// Implementation files checked against the language's policy before the build.
+        #[serde(default)]
+        impl_paths: Vec<String>,
+        /// Entries of the policy the run allows after all (e.g. `open` for a file format).
+        #[serde(default)]
+        allow: Vec<String>,
     }
     let p: BuildParams = match serde_json::from_value(params.clone()) {
         Ok(p) => p,
         Err(e) => return Ok(bad_params(e)),
     };
+    if let Some(refused) = impl_policy(&p.language, &p.impl_paths, &p.allow, root) {
+        return Ok(refused);
+    }
     let argv = match shared::factory::split_command(&p.build_command) {
         Ok(a) => a,
         Err(e) => return Ok(bad_params(format!("bad build command: {e}"))),
@@ -471,4 +616,49 @@ pub async fn check_build(
         error: (!ok).then(|| format!("the build failed with exit code {code}")),
         output,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::testreport::TestCase;
+
+    fn report(outcomes: &[CaseOutcome]) -> TestRunReport {
+        TestRunReport {
+            format: "junit".into(),
+            cases: outcomes
+                .iter()
+                .enumerate()
+                .map(|(i, o)| TestCase {
+                    id: format!("tests.t::test_{i}"),
+                    outcome: *o,
+                    message: String::new(),
+                    seconds: 0.0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_report_that_disagrees_with_the_runners_summary_is_refused() {
+        use CaseOutcome::*;
+        let r = report(&[Passed, Passed]);
+        assert!(summary_agrees(r.clone(), "1 failed, 2 passed in 0.10s\n", false).is_ok());
+        // A daemon rewrote failures into passes after pytest printed the truth.
+        let e = summary_agrees(r.clone(), "2 failed, 1 passed in 0.10s\n", false).unwrap_err();
+        assert!(e.contains("disagrees"), "{e}");
+        // A forger that printed nothing.
+        assert!(summary_agrees(r.clone(), "", false).is_err());
+        // The canary's failure must be among those pytest counted.
+        assert!(summary_agrees(r, "2 passed in 0.10s\n", false).is_err());
+    }
+
+    #[test]
+    fn object_addresses_do_not_change_a_failure_signature() {
+        assert_eq!(
+            stable_message("assert <stack.Stack object at 0x7f3a2b> == 2"),
+            stable_message("assert <stack.Stack object at 0x7f99c0> == 2")
+        );
+        assert_eq!(stable_message("0x"), "0x");
+    }
 }

@@ -2,6 +2,7 @@
 //! files it changed, and a test that claims to exercise a function must call it. Parsing is
 //! per language behind `LanguageIndex` (Python: tree-sitter).
 
+pub mod policy;
 mod python;
 
 use serde::Serialize;

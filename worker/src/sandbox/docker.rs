@@ -260,6 +260,10 @@ impl Session for DockerSession {
         }
     }
 
+    fn isolated(&self) -> bool {
+        true
+    }
+
     async fn kill_strays(&self) -> Result<(), SandboxError> {
         // kill(-1) reaches every process of the container's user but the caller and the
         // container's init (its `sleep`); the shell's builtin, so nothing else is needed.

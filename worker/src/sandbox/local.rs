@@ -131,6 +131,10 @@ impl Session for LocalSession {
 
     /// Host processes share the user's whole session: nothing is killed (this sandbox isolates
     /// nothing, which is why it must be asked for by name).
+    fn isolated(&self) -> bool {
+        false
+    }
+
     async fn kill_strays(&self) -> Result<(), SandboxError> {
         Ok(())
     }

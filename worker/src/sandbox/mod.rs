@@ -94,6 +94,9 @@ pub trait Session: Send + Sync {
     /// Kills every process the job's commands left behind (a daemon that would rewrite a
     /// report after the runner exits), so what the harness reads next is final.
     async fn kill_strays(&self) -> Result<(), SandboxError>;
+    /// True when the session is a container of its own (`kill -9 -1` in it reaches only the
+    /// job's processes); false for host processes.
+    fn isolated(&self) -> bool;
 }
 
 /// Paths as seen from inside a session.
