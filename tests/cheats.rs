@@ -662,7 +662,7 @@ async fn cheat_3_the_fix_agent_editing_the_frozen_tests_is_a_scope_violation() -
     let cases = [("weaken-tests", weaken), ("delete-tests", delete)];
     let mut runs = Vec::new();
     for (name, script) in &cases {
-        runs.push(submit_allowing(&stack, name, script, &[], json!({}), true).await?);
+        runs.push(submit(&stack, name, script, &[], json!({})).await?);
     }
     for ((name, _), run) in cases.iter().zip(&runs) {
         let (status, r) = finish(&stack, name, run).await?;
@@ -743,7 +743,7 @@ async fn cheat_skips_and_xfails_raised_by_the_impl_under_pytest_are_not_passes(
     ];
     let mut runs = Vec::new();
     for (name, script) in &cases {
-        runs.push(submit(&stack, name, script, &[], json!({})).await?);
+        runs.push(submit_allowing(&stack, name, script, &[], json!({}), true).await?);
     }
     for ((name, _), run) in cases.iter().zip(&runs) {
         let (status, r) = finish(&stack, name, run).await?;
