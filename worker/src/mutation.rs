@@ -55,7 +55,7 @@ fn default_cap() -> usize {
     40
 }
 fn default_per_job() -> usize {
-    10
+    4
 }
 
 /// `generate_mutants`: reads the implementation from the worktree (never following a link),
