@@ -1075,14 +1075,6 @@ def helper(x: int = 5, *, y: "list[int]" = [1, 2]) -> "int":
         assert!(mutated >= 10, "only {mutated} of 300 gave mutants");
     }
 
-    #[test]
-    #[ignore = "prints the stack example's mutants"]
-    fn print_stack_mutants() {
-        for m in gen("stack.py", STACK) {
-            println!("{:<40} {:?} {}", m.id, m.mutation_type, m.description);
-        }
-    }
-
     proptest! {
         #[test]
         fn arbitrary_strings_never_panic(src in any::<String>()) {
