@@ -61,6 +61,14 @@ pub async fn submit(
 ) -> Result<SubmitResponse, DriverError> {
     let bundle = req.graph;
     check(&bundle).map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect()))?;
+    let has_agents = bundle
+        .graph
+        .nodes
+        .values()
+        .any(|n| n.kind == shared::graph::NodeKind::Agent);
+    if let Some(why) = agent_exceeds(&req.agent, has_agents) {
+        return Err(SubmitError::Input(why).into());
+    }
     if let Some(schema_path) = &bundle.graph.input_schema {
         let schema: Value = serde_json::from_str(bundle.file(schema_path).unwrap_or("{}"))
             .map_err(|e| SubmitError::Graph(vec![e.to_string()]))?;
@@ -135,4 +143,72 @@ pub async fn submit(
     );
     let created = coord.create_run(state, &bundle).await?;
     Ok(SubmitResponse { run_id, created })
+}
+
+/// The agent's budgets past `shared::limits`, as a message.
+fn agent_exceeds(agent: &AgentConfig, has_agents: bool) -> Option<String> {
+    use shared::limits::{MAX_TOKENS, MAX_TURNS};
+    let llm = match agent {
+        AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => c,
+        AgentConfig::Scripted { script } => {
+            let steps: usize = script.values().map(Vec::len).sum();
+            return (has_agents && steps == 0).then(|| {
+                "the graph has agent nodes and the agent script has no steps".to_string()
+            });
+        }
+    };
+    if llm.max_turns == 0 || llm.max_turns > MAX_TURNS {
+        return Some(format!(
+            "max_turns is {}; it must be between 1 and {MAX_TURNS}",
+            llm.max_turns
+        ));
+    }
+    if llm.max_tokens == 0 || llm.max_tokens > MAX_TOKENS {
+        return Some(format!(
+            "max_tokens is {}; it must be between 1 and {MAX_TOKENS}",
+            llm.max_tokens
+        ));
+    }
+    if !llm.temperature.is_finite() || !(0.0..=2.0).contains(&llm.temperature) {
+        return Some(format!(
+            "temperature is {}; it must be between 0 and 2",
+            llm.temperature
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::messages::LlmConfig;
+
+    fn llm(turns: u32, tokens: u32) -> AgentConfig {
+        AgentConfig::Anthropic(LlmConfig {
+            model: "m".into(),
+            temperature: 0.0,
+            max_tokens: tokens,
+            max_turns: turns,
+        })
+    }
+
+    #[test]
+    fn agent_budgets_past_the_limits_are_refused() {
+        assert_eq!(agent_exceeds(&llm(20, 4096), true), None);
+        assert!(agent_exceeds(&llm(4_000_000_000, 4096), true)
+            .unwrap()
+            .contains("max_turns is 4000000000"));
+        assert!(agent_exceeds(&llm(20, 0), true)
+            .unwrap()
+            .contains("max_tokens"));
+        let empty = AgentConfig::Scripted {
+            script: Default::default(),
+        };
+        assert!(agent_exceeds(&empty, true).unwrap().contains("no steps"));
+        assert_eq!(
+            agent_exceeds(&empty, false),
+            None,
+            "graphs without agents need none"
+        );
+    }
 }

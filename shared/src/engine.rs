@@ -1052,6 +1052,12 @@ impl Engine<'_> {
             Value::Null => Vec::new(),
             other => vec![other],
         };
+        if items.len() > crate::limits::MAX_FANOUT {
+            let result = json!({"reason": "fanout_too_wide", "node": id, "items": items.len(),
+                "limit": crate::limits::MAX_FANOUT});
+            self.finish(RunStatus::Failed, result);
+            return Ok(());
+        }
         let body = n.body.clone().expect("checked: a fan-out has a body");
         let join_id = n.join.clone().expect("checked: a fan-out has a join");
         let join = self.state.joins.entry(join_id.clone()).or_default();

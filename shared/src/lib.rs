@@ -10,6 +10,7 @@ pub mod hashing;
 pub mod hybrid;
 pub mod ids;
 pub mod lang;
+pub mod limits;
 pub mod messages;
 pub mod mutation;
 pub mod paths;

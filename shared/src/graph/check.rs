@@ -70,6 +70,10 @@ const WORKER_VARS: &[&str] = &[
 pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
     let g = &bundle.graph;
     let src = bundle.source.as_str();
+    // Bounds first: nothing below runs on a graph too big to analyse quickly.
+    if let Some(why) = crate::limits::graph_exceeds(g) {
+        return Err(vec![CheckError::new(src, None, "", why)]);
+    }
     let mut errs = Vec::new();
     let mut err = |node: Option<&NodeId>, field: &str, msg: String| {
         errs.push(CheckError::new(src, node.map(|n| n.as_str()), field, msg));
@@ -633,6 +637,22 @@ nodes:
         );
         let bad = scoped.replace("input.impl", "input.(");
         assert!(load(&bad).is_err());
+    }
+
+    #[test]
+    fn a_graph_past_the_limits_is_refused_before_it_is_analysed() {
+        let mut yaml = String::from("name: big\nstart: n0\nnodes:\n");
+        for i in 0..20_000 {
+            yaml.push_str(&format!(
+                "  n{i}:\n    kind: harness\n    op: noop\n    routes: [{{to: n{}}}]\n",
+                i + 1
+            ));
+        }
+        yaml.push_str("  n20000: {kind: exit, status: 'true'}\n");
+        let errs = load(&yaml).unwrap_err();
+        assert!(errs[0].contains("20001 nodes; at most 500"), "{errs:?}");
+        let errs = load(&OK.replace("max_visits: 3", "max_visits: 4000000000")).unwrap_err();
+        assert!(errs[0].contains("max_visits is above"), "{errs:?}");
     }
 
     #[test]

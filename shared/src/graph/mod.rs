@@ -39,6 +39,9 @@ pub fn load_bundle(
     mut read: impl FnMut(&str) -> Result<String, String>,
 ) -> Result<GraphBundle, Vec<CheckError>> {
     let graph = parse(source, yaml)?;
+    if let Some(why) = crate::limits::graph_exceeds(&graph) {
+        return Err(vec![CheckError::new(source, None, "", why)]);
+    }
     let mut files = BTreeMap::new();
     let mut errors = Vec::new();
     for (node, field, path) in graph.referenced_files() {

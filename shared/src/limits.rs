@@ -1,0 +1,77 @@
+//! Bounds on what a submission may ask for, in one place: a graph, its expressions, budgets and
+//! timeouts are checked against these before anything runs (a 20,000-node graph is refused in
+//! milliseconds rather than analysed for minutes), and the engine holds a fan-out to its width.
+
+/// Nodes in one graph.
+pub const MAX_NODES: usize = 500;
+/// Route targets, wait-for entries and observed nodes, summed over the graph.
+pub const MAX_EDGES: usize = 5_000;
+/// Bytes of one expression or template in the graph file.
+pub const MAX_EXPRESSION_BYTES: usize = 16 * 1024;
+/// A node's visit budget.
+pub const MAX_VISITS: u32 = 10_000;
+/// A job's timeout: one week.
+pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+/// Branches one fan-out may start.
+pub const MAX_FANOUT: usize = 10_000;
+/// An agent's turns and output tokens per call.
+pub const MAX_TURNS: u32 = 1_000;
+pub const MAX_TOKENS: u32 = 1_000_000;
+
+use crate::graph::Graph;
+
+/// The first limit the graph exceeds, as a message naming the limit.
+pub fn graph_exceeds(g: &Graph) -> Option<String> {
+    if g.nodes.len() > MAX_NODES {
+        return Some(format!(
+            "the graph has {} nodes; at most {MAX_NODES} are allowed",
+            g.nodes.len()
+        ));
+    }
+    let edges: usize = g
+        .nodes
+        .values()
+        .map(|n| {
+            n.routes.iter().map(|r| r.to.nodes().len()).sum::<usize>()
+                + n.wait_for.len()
+                + n.observes.len()
+        })
+        .sum();
+    if edges > MAX_EDGES {
+        return Some(format!(
+            "the graph has {edges} edges; at most {MAX_EDGES} are allowed"
+        ));
+    }
+    if g.defaults.timeout_seconds > MAX_TIMEOUT_SECONDS {
+        return Some(format!(
+            "defaults.timeout_seconds is {}; at most {MAX_TIMEOUT_SECONDS} is allowed",
+            g.defaults.timeout_seconds
+        ));
+    }
+    for (id, n) in &g.nodes {
+        if n.max_visits.is_some_and(|v| v > MAX_VISITS) {
+            return Some(format!("node `{id}`: max_visits is above {MAX_VISITS}"));
+        }
+        if n.timeout_seconds.is_some_and(|t| t > MAX_TIMEOUT_SECONDS)
+            || n.nudge_after_seconds
+                .is_some_and(|t| t > MAX_TIMEOUT_SECONDS)
+        {
+            return Some(format!(
+                "node `{id}`: a timeout above {MAX_TIMEOUT_SECONDS} s"
+            ));
+        }
+        let long = n
+            .with
+            .values()
+            .chain(n.derive.values())
+            .chain(n.routes.iter().filter_map(|r| r.when.as_ref()))
+            .chain(n.commands.iter())
+            .any(|e| e.len() > MAX_EXPRESSION_BYTES);
+        if long {
+            return Some(format!(
+                "node `{id}`: an expression longer than {MAX_EXPRESSION_BYTES} bytes"
+            ));
+        }
+    }
+    None
+}
