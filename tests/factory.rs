@@ -618,3 +618,76 @@ fn fleet_run_refuses_an_out_dir_inside_the_repository_even_through_a_symlink() -
     assert_eq!(git_status(&repo)?, "");
     Ok(())
 }
+
+/// A repository that commits `ctx.md -> /proc/self/environ` (and `big.md -> /dev/zero`) and
+/// lists them as context files: the harness refuses to read through a link, so no byte of the
+/// worker's environment (its API key included) reaches the prompt, the transcript or the LLM,
+/// and the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_file_that_links_to_the_workers_environment_is_refused() -> anyhow::Result<()> {
+    const SECRET: &str = "sk-fleet-canary-3b1f9e";
+    let stack = Stack::start("symenv", 1, &[("ANTHROPIC_API_KEY", SECRET)]).await?;
+    let repo = make_calc_repo(stack.dir.path())?;
+    std::os::unix::fs::symlink("/proc/self/environ", repo.join("ctx.md"))?;
+    std::os::unix::fs::symlink("/dev/zero", repo.join("big.md"))?;
+    for args in [
+        vec!["add", "ctx.md", "big.md"],
+        vec![
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "links",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(&args)
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "git {args:?}");
+    }
+    let mut wo: Value = serde_json::from_str(&std::fs::read_to_string(example(
+        "factory-calc/work_order.json",
+    ))?)?;
+    wo["context_files"] = json!(["ctx.md", "big.md", "calc.py"]);
+    let mut allowed = wo["allowed_files"].as_array().cloned().unwrap_or_default();
+    allowed.extend([json!("ctx.md"), json!("big.md")]);
+    wo["allowed_files"] = json!(allowed);
+    let wo_path = stack.dir.path().join("wo-links.json");
+    std::fs::write(&wo_path, serde_json::to_vec(&wo)?)?;
+    let repo = repo.display().to_string();
+    let out = stack.cli(&submit_args(
+        &repo,
+        &wo_path.display().to_string(),
+        &example("factory-calc/script-pass.json"),
+    ))?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    let run = out.stdout.trim().to_string();
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let prompt = stack
+        .get_text(&format!("/v1/artifacts/runs/{run}/attempt_1/se/prompt.md"))
+        .await?;
+    assert!(!prompt.contains(SECRET), "the secret reached the prompt");
+    assert!(
+        !prompt.contains("AWS_SECRET_ACCESS_KEY"),
+        "the environment reached the prompt"
+    );
+    assert!(prompt.contains("`ctx.md` is a symlink"), "{prompt}");
+    assert!(prompt.contains("`big.md` is a symlink"), "{prompt}");
+    assert!(
+        prompt.contains("def add"),
+        "regular context files still arrive: {prompt}"
+    );
+    let transcript = stack
+        .get_text(&format!(
+            "/v1/artifacts/runs/{run}/attempt_1/se/transcript.json"
+        ))
+        .await?;
+    assert!(!transcript.contains(SECRET));
+    Ok(())
+}
