@@ -1,7 +1,7 @@
 //! Prometheus metrics of a worker. Labels stay bounded: kinds and statuses, never ids.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
 use shared::graph::NodeKind;
 use shared::messages::{JobStatus, Usage};
@@ -15,6 +15,10 @@ pub struct Metrics {
     llm_tokens: IntCounterVec,
     llm_calls: IntCounterVec,
     pub deliveries: IntCounterVec,
+    /// Deliveries of an attempt already running here (held until it ends) or already reported
+    /// by this worker (acked at once): never a second execution.
+    pub duplicates: IntCounterVec,
+    panics: IntCounter,
 }
 
 impl Metrics {
@@ -53,7 +57,23 @@ impl Metrics {
             &["settled"],
         )
         .expect("valid metric");
-        for c in [&jobs, &llm_tokens, &llm_calls, &deliveries] {
+        let duplicates = IntCounterVec::new(
+            Opts::new(
+                "fleet_worker_duplicate_deliveries_total",
+                "deliveries of an attempt already running or already reported here",
+            ),
+            &["state"],
+        )
+        .expect("valid metric");
+        let panics = IntCounter::new(
+            "fleet_worker_job_panics_total",
+            "jobs whose execution panicked (reported as errors)",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(panics.clone()))
+            .expect("unique metric");
+        for c in [&jobs, &llm_tokens, &llm_calls, &deliveries, &duplicates] {
             registry
                 .register(Box::new(c.clone()))
                 .expect("unique metric");
@@ -68,7 +88,13 @@ impl Metrics {
             llm_tokens,
             llm_calls,
             deliveries,
+            duplicates,
+            panics,
         }
+    }
+
+    pub fn job_panicked(&self) {
+        self.panics.inc();
     }
 
     pub fn observe_job(&self, kind: NodeKind, status: JobStatus, took: Duration, usage: &Usage) {

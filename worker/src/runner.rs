@@ -1,6 +1,11 @@
 //! Runs one job: worktree in, container up, the node's step, commit and pack out, container
 //! gone, job folder gone. Infrastructure failures that may pass are `Transient` (the job is
 //! requeued); everything else becomes a `JobResult` (the engine decides what it means).
+//!
+//! Each run is an *execution* with a tag of its own (`e<N>-<process nonce>`): its job folder and
+//! container name carry the tag, so two executions of the same attempt (a redelivery that took
+//! another path) can never share either. A panic in the job is caught here: the container is
+//! removed by name, the folder by its drop guard, and the job becomes an `Error` result.
 
 use crate::agent::{self, AgentJob, LlmSettings};
 use crate::blobs::{BlobError, Blobs};
@@ -10,17 +15,21 @@ use crate::metrics::Metrics;
 use crate::sandbox::{Limits, Sandbox, SandboxError, SandboxSpec, Session};
 use crate::tools::ToolBox;
 use crate::{mutation, verify};
+use futures::FutureExt;
 use serde_json::{json, Value};
 use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
 use shared::graph::{GraphBundle, NodeKind, WorktreeMode};
 use shared::messages::{JobResult, JobSpec, JobStatus, Usage, WIRE_VERSION};
 use shared::paths::normalize_relative;
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use thiserror::Error;
-use tracing::{info, warn};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
 
 #[derive(Debug, Error)]
 pub enum RunError {
@@ -54,8 +63,130 @@ pub struct Runner {
     git: GitCache,
     http: reqwest::Client,
     graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
-    /// Jobs running here, so a stop from the coordinator can reach them.
-    running: Mutex<HashMap<shared::ids::JobId, tokio_util::sync::CancellationToken>>,
+    /// Executions running here (by tag), so a stop from the coordinator reaches every
+    /// execution of the job.
+    running: Mutex<HashMap<String, (shared::ids::JobId, CancellationToken)>>,
+    /// Executions started by this process; with `nonce`, the execution tags.
+    executions: AtomicU64,
+    /// Random per process: tags stay unique across restarts of a worker with the same id.
+    nonce: String,
+}
+
+/// One execution of a job attempt in this worker: the names it alone uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Execution {
+    /// `e<N>-<nonce>`, unique in this worker across restarts.
+    pub tag: String,
+    /// The job folder (worktree, harness folder), `jobs/<job>-a<attempt>-<tag>`.
+    pub dir: PathBuf,
+    /// The container name, `fleet-<worker>-<job>-a<attempt>-<tag>`.
+    pub container: String,
+}
+
+/// The job folder, removed whenever the execution ends: a result, an error, a panic.
+struct JobFolder {
+    dir: PathBuf,
+    job: String,
+}
+
+impl JobFolder {
+    fn create(dir: &Path, job: &str) -> std::io::Result<Self> {
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        // Not `create_dir_all`: a folder that exists belongs to another execution.
+        std::fs::create_dir(dir)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            job: job.to_string(),
+        })
+    }
+}
+
+impl Drop for JobFolder {
+    fn drop(&mut self) {
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(job = %self.job, dir = %self.dir.display(), error = %e, "could not remove the job folder")
+            }
+        }
+    }
+}
+
+/// An execution's entry in the stop registry, removed on every exit path.
+struct Registered<'a> {
+    running: &'a Mutex<HashMap<String, (shared::ids::JobId, CancellationToken)>>,
+    tag: String,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        unpoisoned(self.running).remove(&self.tag);
+    }
+}
+
+/// A lock that a panic elsewhere did not make unusable (the maps it guards stay consistent:
+/// every update is a single insert or remove).
+fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The message of a panic payload (`panic!` gives a `&str` or a `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
+/// The result of an execution that panicked: an infrastructure error of this attempt, routed by
+/// the engine like any other.
+pub fn panicked_result(
+    spec: &JobSpec,
+    worker: &str,
+    started_at: String,
+    message: &str,
+) -> JobResult {
+    JobResult {
+        v: WIRE_VERSION,
+        job_id: spec.job_id.clone(),
+        run_id: spec.run_id.clone(),
+        attempt: spec.attempt,
+        status: JobStatus::Error,
+        output: Value::Null,
+        error: Some(format!(
+            "the worker panicked running this job: {}",
+            shared::text::head(message, 2000)
+        )),
+        commit: None,
+        pack: None,
+        artifacts: Default::default(),
+        usage: Usage::default(),
+        worker: worker.to_string(),
+        started_at,
+        finished_at: now(),
+        container_seconds: 0.0,
+    }
+}
+
+/// Random enough to tell two processes of one worker id apart (std only: the hasher's keys are
+/// random per process).
+fn process_nonce() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    format!("{:06x}", h.finish() & 0xff_ffff)
 }
 
 fn now() -> String {
@@ -90,6 +221,8 @@ impl Runner {
             http: reqwest::Client::new(),
             graphs: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
+            executions: AtomicU64::new(0),
+            nonce: process_nonce(),
         })
     }
 
@@ -106,54 +239,108 @@ impl Runner {
         Ok(bundle)
     }
 
-    /// Stops a job running here (its run ended); false when it does not run here.
+    /// Stops every execution of a job running here (its run ended); false when none runs here.
     pub fn stop(&self, job: &shared::ids::JobId) -> bool {
-        match self.running.lock().expect("running jobs").get(job) {
-            Some(token) => {
+        let running = unpoisoned(&self.running);
+        let mut found = false;
+        for (j, token) in running.values() {
+            if j == job {
                 token.cancel();
-                true
+                found = true;
             }
-            None => false,
         }
+        found
     }
 
-    fn stop_token(&self, job: &shared::ids::JobId) -> tokio_util::sync::CancellationToken {
-        self.running
-            .lock()
-            .expect("running jobs")
-            .entry(job.clone())
-            .or_default()
-            .clone()
-    }
-
-    /// Runs the job and always cleans up its folder and container.
-    pub async fn run(&self, spec: &JobSpec) -> Result<JobResult, RunError> {
-        let started_at = now();
-        let started = Instant::now();
+    /// The names of a new execution of the job's attempt.
+    pub fn execution(&self, spec: &JobSpec) -> Execution {
+        let n = self.executions.fetch_add(1, Ordering::Relaxed) + 1;
+        let tag = format!("e{n}-{}", self.nonce);
         let dir = self.config.work_dir.join("jobs").join(format!(
-            "{}-a{}",
+            "{}-a{}-{tag}",
             spec.job_id.as_str().replace(['/', '\\'], "_"),
             spec.attempt
         ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| RunError::Transient(e.to_string()))?;
+        Execution {
+            container: container_name(&self.config.id, spec, &tag),
+            tag,
+            dir,
+        }
+    }
+
+    /// Runs the job and always cleans up its folder and container. A panic in the job is caught:
+    /// logged, cleaned up, and returned as an `Error` result of this attempt.
+    pub async fn run(&self, spec: &JobSpec) -> Result<JobResult, RunError> {
+        self.run_as(spec, &self.execution(spec)).await
+    }
+
+    /// `run` with the execution's names chosen by the caller.
+    pub async fn run_as(&self, spec: &JobSpec, exec: &Execution) -> Result<JobResult, RunError> {
+        let started_at = now();
+        let started = Instant::now();
+        let folder = JobFolder::create(&exec.dir, spec.job_id.as_str())
+            .map_err(|e| RunError::Transient(format!("job folder {}: {e}", exec.dir.display())))?;
+        // Known as running from the start, so a stop that comes while it sets up still counts.
+        let stop = CancellationToken::new();
+        unpoisoned(&self.running).insert(exec.tag.clone(), (spec.job_id.clone(), stop.clone()));
+        let registered = Registered {
+            running: &self.running,
+            tag: exec.tag.clone(),
+        };
+        let supervised = AssertUnwindSafe(self.attempt(spec, exec, &stop, started_at.clone()))
+            .catch_unwind()
+            .await;
+        drop(registered);
+        match supervised {
+            Ok(Ok(result)) => {
+                drop(folder);
+                self.metrics.observe_job(
+                    spec.kind,
+                    result.status,
+                    started.elapsed(),
+                    &result.usage,
+                );
+                info!(job = %spec.job_id, attempt = spec.attempt, execution = %exec.tag, status = ?result.status, seconds = started.elapsed().as_secs_f64(), "job finished");
+                Ok(result)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(payload) => {
+                let message = panic_message(payload.as_ref());
+                error!(job = %spec.job_id, attempt = spec.attempt, execution = %exec.tag, panic = %message, "the job panicked; removing its container and folder and reporting it as an error");
+                // The session went down with the job's future: remove its container by name.
+                if let Err(e) = self.sandbox.remove_named(&exec.container).await {
+                    warn!(job = %spec.job_id, container = %exec.container, error = %e, "could not remove the container of a panicked job");
+                }
+                drop(folder);
+                let result = panicked_result(spec, &self.config.id, started_at, &message);
+                self.metrics.job_panicked();
+                self.metrics.observe_job(
+                    spec.kind,
+                    result.status,
+                    started.elapsed(),
+                    &result.usage,
+                );
+                Ok(result)
+            }
+        }
+    }
+
+    /// The execution proper: step, commit, the result.
+    async fn attempt(
+        &self,
+        spec: &JobSpec,
+        exec: &Execution,
+        stop: &CancellationToken,
+        started_at: String,
+    ) -> Result<JobResult, RunError> {
         let mut art = Artifacts {
             blobs: &self.blobs,
             prefix: &spec.artifact_prefix,
             written: Default::default(),
         };
-        // Known as running from the start, so a stop that comes while it sets up still counts.
-        let _ = self.stop_token(&spec.job_id);
-        let outcome = self.execute(spec, &dir, &mut art).await;
-        self.running
-            .lock()
-            .expect("running jobs")
-            .remove(&spec.job_id);
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            warn!(job = %spec.job_id, error = %e, "could not remove the job folder");
-        }
-        let (step, usage, commit, pack, container_seconds) = outcome?;
-        let result = JobResult {
+        let (step, usage, commit, pack, container_seconds) =
+            self.execute(spec, exec, stop, &mut art).await?;
+        Ok(JobResult {
             v: WIRE_VERSION,
             job_id: spec.job_id.clone(),
             run_id: spec.run_id.clone(),
@@ -169,20 +356,18 @@ impl Runner {
             started_at,
             finished_at: now(),
             container_seconds,
-        };
-        self.metrics
-            .observe_job(spec.kind, result.status, started.elapsed(), &result.usage);
-        info!(job = %spec.job_id, attempt = spec.attempt, status = ?result.status, seconds = started.elapsed().as_secs_f64(), "job finished");
-        Ok(result)
+        })
     }
 
     #[allow(clippy::type_complexity)]
     async fn execute(
         &self,
         spec: &JobSpec,
-        dir: &Path,
+        exec: &Execution,
+        stop: &CancellationToken,
         art: &mut Artifacts<'_>,
     ) -> Result<(StepOutcome, Usage, Option<String>, Option<String>, f64), RunError> {
+        let dir = exec.dir.as_path();
         let bundle = self.bundle(&spec.graph_ref).await?;
         let node = bundle
             .graph
@@ -239,7 +424,7 @@ impl Runner {
                 .clone()
                 .ok_or_else(|| RunError::Transient(format!("node `{}` has no image", spec.node)))?;
             let sandbox_spec = SandboxSpec {
-                name: container_name(&self.config.id, spec),
+                name: exec.container.clone(),
                 image,
                 worktree: mount.clone(),
                 writable,
@@ -277,7 +462,6 @@ impl Runner {
             None
         };
 
-        let stop = self.stop_token(&spec.job_id);
         let work = self.step(
             dir,
             spec,
@@ -697,9 +881,9 @@ fn check_claims(
     }
 }
 
-/// Container names are unique per worker, job and attempt.
-fn container_name(worker: &str, spec: &JobSpec) -> String {
-    let raw = format!("fleet-{worker}-{}-a{}", spec.job_id, spec.attempt);
+/// Container names are unique per worker, job, attempt and execution.
+fn container_name(worker: &str, spec: &JobSpec, tag: &str) -> String {
+    let raw = format!("fleet-{worker}-{}-a{}-{tag}", spec.job_id, spec.attempt);
     raw.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
@@ -773,5 +957,79 @@ fn hand_over(dir: &Path, user: &str) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        serde_json::from_value(json!({
+            "v": WIRE_VERSION, "job_id": "r1.po.1", "run_id": "r1", "node": "po", "visit": 1,
+            "attempt": 2, "kind": "harness", "graph_ref": "g", "image": null,
+            "timeout_seconds": 60, "params": {}, "context_files": [], "commands": [],
+            "worktree": null, "artifact_prefix": "runs/r1/po_1/",
+            "agent": shared::messages::AgentConfig::default(), "vars": null,
+        }))
+        .expect("a job spec")
+    }
+
+    #[test]
+    fn the_panic_message_comes_from_str_and_string_payloads() {
+        let caught = |f: fn()| std::panic::catch_unwind(f).expect_err("it panics");
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let literal = caught(|| panic!("a literal"));
+        let formatted = caught(|| panic!("formatted {}", 42));
+        let other = caught(|| std::panic::panic_any(7_u8));
+        std::panic::set_hook(prev);
+        assert_eq!(panic_message(literal.as_ref()), "a literal");
+        assert_eq!(panic_message(formatted.as_ref()), "formatted 42");
+        assert_eq!(panic_message(other.as_ref()), "a panic without a message");
+    }
+
+    #[test]
+    fn a_panic_becomes_an_error_result_of_the_same_attempt() {
+        let r = panicked_result(&spec(), "w1", "2024-01-01T00:00:00.000Z".into(), "boom");
+        assert_eq!(r.status, JobStatus::Error);
+        assert_eq!(
+            r.error.as_deref(),
+            Some("the worker panicked running this job: boom")
+        );
+        assert_eq!(r.attempt, 2);
+        assert_eq!(r.job_id.as_str(), "r1.po.1");
+        assert_eq!(r.run_id.as_str(), "r1");
+        assert_eq!(r.worker, "w1");
+        assert_eq!(r.output, Value::Null);
+        assert!(r.commit.is_none() && r.pack.is_none() && r.artifacts.is_empty());
+        // A huge message is cut, so the result stays small.
+        let long = panicked_result(&spec(), "w1", String::new(), &"x".repeat(10_000));
+        assert!(long.error.unwrap().len() < 2_200);
+    }
+
+    #[test]
+    fn container_names_carry_the_execution_and_stay_docker_safe() {
+        let name = container_name("w/1", &spec(), "e3-0abc12");
+        assert_eq!(name, "fleet-w_1-r1.po.1-a2-e3-0abc12");
+        assert_ne!(
+            container_name("w1", &spec(), "e1-0abc12"),
+            container_name("w1", &spec(), "e2-0abc12")
+        );
+    }
+
+    #[test]
+    fn job_folders_refuse_a_taken_path_and_go_when_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("jobs").join("r1.po.1-a2-e1-x");
+        let folder = JobFolder::create(&dir, "r1.po.1").unwrap();
+        std::fs::write(dir.join("file"), b"x").unwrap();
+        assert!(
+            JobFolder::create(&dir, "r1.po.1").is_err(),
+            "two executions never share a folder"
+        );
+        assert!(dir.exists(), "the refused second one did not remove it");
+        drop(folder);
+        assert!(!dir.exists());
     }
 }

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tracing::{debug, warn};
+use tracing::debug;
 
 pub const MOUNT: &str = "/work";
 pub const HARNESS_MOUNT: &str = "/fleet";
@@ -99,22 +99,18 @@ impl Sandbox for DockerSandbox {
             name: spec.name.clone(),
             platform: None,
         };
-        let created = match self
-            .docker
-            .create_container(Some(options.clone()), config.clone())
-            .await
-        {
+        let created = match self.docker.create_container(Some(options), config).await {
             Ok(c) => c,
+            // Names are unique per execution: a taken name is a bug, and the container that holds
+            // it may be another execution still running, so it is never removed to make room.
             Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 409, ..
+                status_code: 409,
+                message,
             }) => {
-                // A leftover of an earlier delivery on this host: replace it.
-                warn!(container = %spec.name, "removing a leftover container of the same name");
-                let _ = self
-                    .docker
-                    .remove_container(&spec.name, Some(force()))
-                    .await;
-                self.docker.create_container(Some(options), config).await?
+                let name = &spec.name;
+                return Err(SandboxError::Other(format!(
+                    "a container named `{name}` already exists ({message}): executions never share a name"
+                )));
             }
             Err(e) => return Err(e.into()),
         };
@@ -157,6 +153,19 @@ impl Sandbox for DockerSandbox {
             }
         }
         Ok(removed)
+    }
+
+    async fn remove_named(&self, name: &str) -> Result<(), SandboxError> {
+        match self.docker.remove_container(name, Some(force())).await {
+            Ok(()) => {
+                debug!(container = %name, "container removed by name");
+                Ok(())
+            }
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

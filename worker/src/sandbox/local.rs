@@ -30,6 +30,11 @@ impl Sandbox for LocalProcessSandbox {
     async fn reap(&self, _worker_id: &str) -> Result<usize, SandboxError> {
         Ok(0)
     }
+
+    /// Host processes have no container: nothing to remove.
+    async fn remove_named(&self, _name: &str) -> Result<(), SandboxError> {
+        Ok(())
+    }
 }
 
 struct LocalSession {

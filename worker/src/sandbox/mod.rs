@@ -45,7 +45,8 @@ impl Default for Limits {
 
 #[derive(Clone, Debug)]
 pub struct SandboxSpec {
-    /// Unique per job attempt; becomes the container name.
+    /// Unique per execution (worker, job, attempt and an execution tag); becomes the container
+    /// name. Two executions never share one: a name that is taken is an error, never replaced.
     pub name: String,
     pub image: String,
     pub worktree: PathBuf,
@@ -76,6 +77,9 @@ pub trait Sandbox: Send + Sync {
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError>;
     /// Removes every container of this worker left over from before a restart.
     async fn reap(&self, worker_id: &str) -> Result<usize, SandboxError>;
+    /// Removes the container of that name if there is one (none is not an error): the cleanup
+    /// of an execution whose session was lost (its job panicked while it held it).
+    async fn remove_named(&self, name: &str) -> Result<(), SandboxError>;
     fn name(&self) -> &'static str;
 }
 
