@@ -88,6 +88,24 @@ pub struct ScriptStep {
     pub delay_seconds: f64,
 }
 
+/// The longest a scripted step waits before answering (its delay is for benchmarks).
+pub const MAX_SCRIPT_DELAY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+impl ScriptStep {
+    /// The wait before answering: none when `delay_seconds` is not positive, at most
+    /// `MAX_SCRIPT_DELAY` (a script is the submitter's, and `Duration::from_secs_f64` panics
+    /// past `u64::MAX` seconds).
+    pub fn delay(&self) -> std::time::Duration {
+        std::time::Duration::try_from_secs_f64(self.delay_seconds)
+            .unwrap_or(if self.delay_seconds > 0.0 {
+                MAX_SCRIPT_DELAY
+            } else {
+                std::time::Duration::ZERO
+            })
+            .min(MAX_SCRIPT_DELAY)
+    }
+}
+
 /// How agent nodes of a run are served. Belongs to the run, not the graph.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
@@ -241,4 +259,121 @@ pub struct JobResult {
     pub finished_at: String,
     /// Seconds spent inside the container (create to remove).
     pub container_seconds: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::tests::{arb_json, arb_text, cases, timed, CASE_LIMIT};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// A script step: the fields a step has, mostly of the right types, sometimes any JSON.
+    fn arb_step() -> impl Strategy<Value = Value> {
+        let delay = prop_oneof![
+            any::<f64>().prop_filter_map("finite", |f| {
+                serde_json::Number::from_f64(f).map(Value::Number)
+            }),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+        ];
+        let files =
+            prop::collection::btree_map(arb_text(), arb_text(), 0..3).prop_map(|m| json!(m));
+        let commands = prop::collection::vec(arb_text(), 0..3).prop_map(|c| json!(c));
+        let or_any = |good: BoxedStrategy<Value>| {
+            prop::option::weighted(0.8, prop_oneof![9 => good, 1 => arb_json()])
+        };
+        (
+            or_any(files.boxed()),
+            or_any(arb_json().boxed()),
+            or_any(commands.boxed()),
+            or_any(delay.boxed()),
+            prop::option::weighted(0.05, arb_json()),
+        )
+            .prop_map(|(files, output, commands, delay, extra)| {
+                let mut step = json!({});
+                for (k, v) in [
+                    ("files", files),
+                    ("output", output),
+                    ("commands", commands),
+                    ("delay_seconds", delay),
+                    ("unknown", extra),
+                ] {
+                    if let Some(v) = v {
+                        step[k] = v;
+                    }
+                }
+                step
+            })
+    }
+
+    /// An agent configuration: scripted (by node, a list of steps), an LLM's, or anything.
+    fn arb_agent() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            prop::collection::btree_map(
+                "[a-c]{1,2}",
+                prop::collection::vec(arb_step(), 0..3),
+                0..3
+            )
+            .prop_map(|script| json!({"backend": "scripted", "script": script})),
+            (
+                prop::sample::select(vec!["anthropic", "openai", "other"]),
+                arb_json(),
+                arb_json(),
+            )
+                .prop_map(|(backend, model, turns)| {
+                    json!({"backend": backend, "model": model, "max_turns": turns})
+                }),
+            arb_json(),
+        ]
+    }
+
+    #[test]
+    fn a_huge_or_negative_delay_is_capped_or_none() {
+        // Panicked in the scripted agent: `Duration::from_secs_f64(2.66e176)`.
+        let config =
+            r#"{"backend":"scripted","script":{"a":[{"delay_seconds":2.6663255344907375e+176}]}}"#;
+        let AgentConfig::Scripted { script } = serde_json::from_str(config).unwrap() else {
+            panic!("a script")
+        };
+        assert_eq!(script["a"][0].delay(), MAX_SCRIPT_DELAY);
+        for (seconds, delay) in [
+            (86401.0, MAX_SCRIPT_DELAY),
+            (-1.0, std::time::Duration::ZERO),
+            (f64::NAN, std::time::Duration::ZERO),
+            (f64::INFINITY, MAX_SCRIPT_DELAY),
+            (0.5, std::time::Duration::from_millis(500)),
+        ] {
+            let step = ScriptStep {
+                delay_seconds: seconds,
+                ..ScriptStep::default()
+            };
+            assert_eq!(step.delay(), delay, "{seconds}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// Scripts come from whoever submits a run: any of them parses or is refused, and a
+        /// parsed one's delays are durations.
+        #[test]
+        fn any_agent_config_parses_or_is_refused(
+            config in prop_oneof![
+                4 => arb_agent().prop_map(|v| v.to_string()),
+                1 => arb_text(),
+            ],
+        ) {
+            let (parsed, took) = timed(|| serde_json::from_str::<AgentConfig>(&config));
+            prop_assert!(took < CASE_LIMIT);
+            if let Ok(agent) = parsed {
+                prop_assert!(!agent.model_identity().is_empty());
+                if let AgentConfig::Scripted { script } = &agent {
+                    for step in script.values().flatten() {
+                        prop_assert!(step.delay() <= MAX_SCRIPT_DELAY);
+                    }
+                }
+            }
+        }
+    }
 }

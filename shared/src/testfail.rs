@@ -197,6 +197,57 @@ pub fn parse_cargo(output: &str) -> TestReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::tests::{arb_text, cases, timed, CASE_LIMIT};
+    use proptest::prelude::*;
+
+    /// Lines of pytest and cargo-test output, with a test name or text spliced in.
+    const LINES: &[&str] = &[
+        "running 3 tests",
+        "test {} ... ok",
+        "test {} ... FAILED",
+        "---- {} stdout ----",
+        "thread '{}' panicked at src/lib.rs:1:1:",
+        "assertion `left == right` failed",
+        "minimal failing input: {}",
+        "note: run with `RUST_BACKTRACE=1`",
+        "failures:",
+        "test result: FAILED. 1 passed; 2 failed",
+        "____ {} ____",
+        "______________________________",
+        "E   AssertionError: {}",
+        "E   Falsifying example: {}(",
+        "Falsifying example: {}",
+        "E       x={},",
+        "E   )",
+        "PASSED tests/t.py::{}",
+        "FAILED tests/t.py::{} - {}",
+        "ERROR tests/t.py::{}[x] - Timeout",
+        "ERROR {}",
+        "",
+    ];
+
+    fn arb_output() -> impl Strategy<Value = String> {
+        let line =
+            (prop::sample::select(LINES), arb_text()).prop_map(|(l, name)| l.replace("{}", &name));
+        let line = prop_oneof![5 => line, 1 => arb_text()];
+        prop::collection::vec(line, 0..40).prop_map(|ls| ls.join("\n"))
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// Runner output is whatever the code under test prints: any of it is scraped, quickly.
+        #[test]
+        fn any_runner_output_is_scraped(output in arb_output()) {
+            let (report, took) = timed(|| parse(&output));
+            prop_assert!(took < CASE_LIMIT);
+            for f in &report.failures {
+                prop_assert!(
+                    ["assertion", "error", "panic", "collection", "timeout"].contains(&f.kind.as_str())
+                );
+            }
+        }
+    }
 
     const PYTEST: &str = r#"
 .F.E

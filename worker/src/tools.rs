@@ -184,3 +184,129 @@ impl ToolBox<'_> {
         Ok(text::head(&stdout, MAX_TOOL_OUTPUT))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::llm::tests::{arb_json, arb_text, cases, timed, CASE_LIMIT};
+    use crate::sandbox::{ExecOutput, Mounts, SandboxError};
+    use async_trait::async_trait;
+    use proptest::prelude::*;
+    use std::sync::Mutex;
+
+    /// A session that records every argv and answers with canned output.
+    struct Canned {
+        out: ExecOutput,
+        seen: Mutex<Vec<Vec<String>>>,
+    }
+
+    #[async_trait]
+    impl Session for Canned {
+        async fn exec(
+            &self,
+            argv: &[String],
+            _stdin: Option<Vec<u8>>,
+            _timeout: Duration,
+        ) -> Result<ExecOutput, SandboxError> {
+            self.seen.lock().unwrap().push(argv.to_vec());
+            Ok(self.out.clone())
+        }
+        async fn remove(&self) -> Result<(), SandboxError> {
+            Ok(())
+        }
+        fn mounts(&self) -> Mounts {
+            Mounts {
+                work: "/work".into(),
+                harness: None,
+            }
+        }
+        async fn kill_strays(&self) -> Result<(), SandboxError> {
+            Ok(())
+        }
+        fn isolated(&self) -> bool {
+            true
+        }
+    }
+
+    const ALL: [Tool; 5] = [
+        Tool::ReadFile,
+        Tool::ListDir,
+        Tool::WriteFile,
+        Tool::EditFile,
+        Tool::RunCommand,
+    ];
+
+    /// Tool arguments: mostly objects with the tools' keys holding paths and text of any kind
+    /// (or values of the wrong type), sometimes any JSON at all.
+    fn arb_input() -> impl Strategy<Value = Value> {
+        let path = prop_oneof![
+            arb_text(),
+            "[a./\\\\:C ]{0,12}",
+            prop::sample::select(vec!["..", "../x", "/etc/passwd", "a/../../b", "C:x", "."])
+                .prop_map(str::to_string),
+        ];
+        let value = prop_oneof![
+            4 => path.prop_map(Value::from),
+            1 => arb_json(),
+        ];
+        let keys = prop::sample::subsequence(
+            vec!["path", "content", "old_text", "new_text", "command"],
+            0..=5,
+        );
+        let shaped = (keys, prop::collection::vec(value, 5)).prop_map(|(keys, values)| {
+            Value::Object(keys.into_iter().map(str::to_string).zip(values).collect())
+        });
+        prop_oneof![4 => shaped, 1 => arb_json()]
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        #[test]
+        fn any_tool_call_is_answered_and_never_leaves_the_worktree(
+            name in prop_oneof![
+                4 => prop::sample::select(ALL.to_vec()).prop_map(tool_name),
+                1 => Just("submit"),
+            ],
+            allowed in prop::sample::subsequence(ALL.to_vec(), 0..=5),
+            input in arb_input(),
+            stdout in prop_oneof![arb_text(), "(ab|a|b|\\\\PC){0,40}"],
+            exit_code in prop_oneof![Just(0i64), any::<i64>()],
+            timed_out in any::<bool>(),
+        ) {
+            let session = Canned {
+                out: ExecOutput {
+                    exit_code,
+                    stdout: stdout.clone().into_bytes(),
+                    stderr: stdout.into_bytes(),
+                    timed_out,
+                    ..ExecOutput::default()
+                },
+                seen: Mutex::new(Vec::new()),
+            };
+            let tools = ToolBox {
+                session: &session,
+                allowed: &allowed,
+                command_timeout: Duration::from_secs(1),
+            };
+            let (answer, took) = timed(|| futures::executor::block_on(tools.call(name, &input)));
+            prop_assert!(took < CASE_LIMIT);
+            let offered = allowed.iter().any(|t| tool_name(*t) == name);
+            prop_assert!(offered || answer.is_err());
+            // Every path that reached the container is relative and stays beneath the root.
+            for argv in session.seen.lock().unwrap().iter() {
+                let path = match argv.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+                    ["cat", "--", p] | ["ls", "-la", "--", p] | ["sh", "-c", _, "sh", p] => p,
+                    ["sh", "-c", _] => continue,
+                    _ => return Err(TestCaseError::fail(format!("unexpected argv {argv:?}"))),
+                };
+                prop_assert!(
+                    !path.is_empty()
+                        && !path.starts_with('/')
+                        && !path.split('/').any(|c| c == ".."),
+                    "{path:?} from {input}"
+                );
+            }
+        }
+    }
+}

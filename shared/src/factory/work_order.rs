@@ -240,6 +240,95 @@ pub fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::tests::{arb_json, arb_text, cases, timed, CASE_LIMIT};
+    use proptest::prelude::*;
+
+    /// Paths as people and agents write them, good and bad.
+    fn arb_path() -> impl Strategy<Value = String> {
+        prop_oneof![
+            8 => "[a-c][a-c./]{0,8}",
+            1 => "[a-c./\\\\:C ]{0,10}",
+            1 => arb_text(),
+            1 => prop::sample::select(vec!["calc.py", "../x", "/abs", "C:/x", "a/../b", "."])
+                .prop_map(str::to_string),
+        ]
+    }
+
+    /// A command line with quotes, escapes and blanks in any balance.
+    fn arb_command() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => "[a-c]{1,5}( [a-c-]{1,4}){0,3}",
+            1 => "[a-c '\"\\\\$`;|&\n-]{0,16}",
+            1 => arb_text(),
+        ]
+    }
+
+    /// A factory input: a work order with the right fields (each sometimes any JSON), options.
+    fn arb_input() -> impl Strategy<Value = Value> {
+        let or_any = |good: BoxedStrategy<Value>| prop_oneof![9 => good, 1 => arb_json()];
+        let paths = || {
+            prop::collection::vec(arb_path(), 0..5)
+                .prop_map(|p| json!(p))
+                .boxed()
+        };
+        let commands = prop::collection::vec(arb_command(), 0..3).prop_map(|c| json!(c));
+        let order = (
+            or_any(arb_text().prop_map(Value::from).boxed()),
+            or_any(paths()),
+            prop::option::weighted(0.3, or_any(paths())),
+            any::<prop::sample::Index>(),
+            or_any(commands.boxed()),
+            prop::option::weighted(0.05, arb_json()),
+        )
+            .prop_map(|(text, allowed, context, cut, commands, extra)| {
+                // Mostly, the context files are some of the allowed ones.
+                let context = context.unwrap_or_else(|| match allowed.as_array() {
+                    Some(a) => json!(a[..cut.index(a.len() + 1)]),
+                    None => json!([]),
+                });
+                let mut wo = json!({"id": text, "title": text, "intent": text, "forbidden": [],
+                    "allowed_files": allowed, "context_files": context,
+                    "acceptance_commands": commands});
+                if let Some(extra) = extra {
+                    wo["extra"] = extra;
+                }
+                wo
+            });
+        let options = prop_oneof![
+            Just(Value::Null),
+            (any::<u32>(), any::<f64>(), any::<u64>()).prop_map(|(a, t, s)| {
+                json!({"max_attempts": a, "temperature": serde_json::Number::from_f64(t),
+                       "timeout_seconds": s})
+            }),
+            arb_json(),
+        ];
+        prop_oneof![
+            4 => (order, options).prop_map(|(wo, o)| json!({"work_order": wo, "options": o})),
+            1 => arb_json(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(cases(256))]
+
+        /// Work orders are the submitter's: any input is prepared or refused, quickly, and a
+        /// prepared one keeps to the seed's rules.
+        #[test]
+        fn any_factory_input_is_prepared_or_refused(input in arb_input(), model in arb_text()) {
+            let (prepared, took) = timed(|| prepare(&input, &model, "tree"));
+            prop_assert!(took < CASE_LIMIT);
+            if let Ok((normalized, meta)) = prepared {
+                prop_assert_eq!(meta.run_id.len(), 12);
+                let wo = WorkOrder::from_value(&normalized["work_order"]).unwrap();
+                prop_assert!(wo.context_files.len() <= MAX_CONTEXT_FILES);
+                for p in wo.allowed_files.iter().chain(&wo.context_files) {
+                    let n = normalize_relative(p).unwrap();
+                    prop_assert!(!n.starts_with('/') && !n.split('/').any(|c| c == ".."));
+                }
+                prop_assert!(!wo.acceptance_commands.is_empty());
+            }
+        }
+    }
 
     fn order() -> Value {
         json!({

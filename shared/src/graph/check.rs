@@ -499,7 +499,7 @@ fn schema_check(bundle: &GraphBundle, path: &str) -> Result<(), String> {
         .ok_or_else(|| format!("`{path}` not in the bundle"))?;
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("`{path}` is not JSON: {e}"))?;
-    jsonschema::validator_for(&value)
+    crate::schema::compile(&value)
         .map(|_| ())
         .map_err(|e| format!("`{path}` is not a valid JSON schema: {e}"))
 }

@@ -20,6 +20,10 @@ pub enum LlmError {
     NoKey(&'static str),
 }
 
+/// The highest price per million tokens a table accepts (USD): past it a price is a typo, and
+/// a cost could overflow to infinity, which JSON cannot carry.
+pub const MAX_PRICE: f64 = 1_000_000.0;
+
 /// Per-million-token prices in USD: (input, output).
 #[derive(Clone, Debug, Default)]
 pub struct PriceTable(pub BTreeMap<String, (f64, f64)>);
@@ -39,10 +43,19 @@ impl PriceTable {
         Self(t)
     }
 
-    /// Adds entries from JSON `{"model": [input_per_mtok, output_per_mtok]}`.
+    /// Adds entries from JSON `{"model": [input_per_mtok, output_per_mtok]}`. Prices are
+    /// between 0 and `MAX_PRICE`, so every cost is a finite, non-negative number.
     pub fn extend_from_json(&mut self, json: &str) -> Result<(), String> {
         let extra: BTreeMap<String, (f64, f64)> =
             serde_json::from_str(json).map_err(|e| format!("bad price table: {e}"))?;
+        if let Some((model, (i, o))) = extra
+            .iter()
+            .find(|(_, (i, o))| !(0.0..=MAX_PRICE).contains(i) || !(0.0..=MAX_PRICE).contains(o))
+        {
+            return Err(format!(
+                "bad price table: `{model}` costs [{i}, {o}]; prices are between 0 and {MAX_PRICE} USD per million tokens"
+            ));
+        }
         self.0.extend(extra);
         Ok(())
     }
@@ -118,7 +131,7 @@ pub async fn post_with_retry(
                     .headers()
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<f64>().ok());
+                    .map(str::to_string);
                 let body = resp.text().await.unwrap_or_default();
                 let retryable = status == 429 || status >= 500;
                 if !retryable || attempt > settings.max_retries {
@@ -135,10 +148,47 @@ pub async fn post_with_retry(
                 None
             }
         };
-        let backoff = 0.25 * 2f64.powi(attempt as i32 - 1);
-        let wait = retry_after.unwrap_or(backoff).clamp(0.0, 60.0);
-        tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+        tokio::time::sleep(retry_wait(retry_after.as_deref(), attempt)).await;
     }
+}
+
+/// How long to wait after failed attempt `attempt` (1, 2, ...): the server's `retry-after` in
+/// seconds when it sends one, else exponential backoff from 0.25 s; at most a minute.
+pub fn retry_wait(retry_after: Option<&str>, attempt: u32) -> Duration {
+    let backoff = 0.25 * 2f64.powi(attempt.min(64) as i32 - 1);
+    let wait = retry_after
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|w| !w.is_nan())
+        .unwrap_or(backoff)
+        .clamp(0.0, 60.0);
+    Duration::from_secs_f64(wait)
+}
+
+/// One tool call of a reply: its id, the tool's name and its input, or why the input cannot be
+/// read (OpenAI sends the arguments as a JSON string).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub input: Result<Value, String>,
+}
+
+/// What one response body says, in either wire format.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    /// The assistant turn as the API wants it back in the conversation.
+    pub turn: Value,
+    pub calls: Vec<ToolCall>,
+    /// The answer's text (read when there is no tool call).
+    pub text: String,
+}
+
+/// Adds a reply's token counts to `usage` (saturating: the numbers are the provider's).
+pub fn count_tokens(usage: &mut Usage, input_tokens: Option<u64>, output_tokens: Option<u64>) {
+    usage.input_tokens = usage.input_tokens.saturating_add(input_tokens.unwrap_or(0));
+    usage.output_tokens = usage
+        .output_tokens
+        .saturating_add(output_tokens.unwrap_or(0));
 }
 
 /// Parses a JSON object out of a text answer (bare, or in a ```json fence).
@@ -149,7 +199,7 @@ pub fn json_from_text(text: &str) -> Option<Value> {
     }
     let start = trimmed.find('{')?;
     let end = trimmed.rfind('}')?;
-    serde_json::from_str::<Value>(&trimmed[start..=end])
+    serde_json::from_str::<Value>(trimmed.get(start..=end)?)
         .ok()
         .filter(Value::is_object)
 }
@@ -159,8 +209,121 @@ pub const SUBMIT_DESCRIPTION: &str =
     "Submit your final answer. Its input must match the required output schema exactly.";
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::time::Instant;
+
+    /// A case of a property must finish well within this (the parsers are linear or close).
+    pub(crate) const CASE_LIMIT: Duration = Duration::from_secs(2);
+
+    /// `n` cases, or `PROPTEST_CASES` when set (for a longer hunt).
+    pub(crate) fn cases(n: u32) -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(n);
+        ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// Runs `f` and says how long it took.
+    pub(crate) fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+        let started = Instant::now();
+        let out = f();
+        (out, started.elapsed())
+    }
+
+    /// Short strings, over every char or over the ones JSON and YAML care about.
+    pub(crate) fn arb_text() -> impl Strategy<Value = String> {
+        prop_oneof!["\\PC{0,16}", "[{}\\[\\]\":,a-c0-9 .\\-`\n]{0,24}"]
+    }
+
+    /// Any JSON value, small: a few levels, a few items per level.
+    pub(crate) fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter_map("finite", |f| {
+                serde_json::Number::from_f64(f).map(Value::Number)
+            }),
+            arb_text().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(arb_text(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A `retry-after` header: anything, or a number written any way (`NaN`, `inf`, `1e400`).
+    fn arb_retry_after() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "\\PC{0,12}",
+            any::<f64>().prop_map(|f| f.to_string()),
+            any::<f64>().prop_map(|f| format!("{f:e}")),
+            prop::sample::select(vec![
+                "NaN", "nan", "-NaN", "inf", "-inf", "infinity", "1e400", "-0", "1e-400"
+            ])
+            .prop_map(str::to_string),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(cases(512))]
+
+        #[test]
+        fn any_retry_after_gives_a_wait_of_at_most_a_minute(
+            header in prop::option::of(arb_retry_after()),
+            attempt in any::<u32>(),
+        ) {
+            let wait = retry_wait(header.as_deref(), attempt);
+            prop_assert!(wait <= Duration::from_secs(60), "{header:?} {attempt}: {wait:?}");
+        }
+
+        #[test]
+        fn json_from_text_never_panics_and_finds_only_objects(text in arb_text()) {
+            let (found, took) = timed(|| json_from_text(&text));
+            prop_assert!(found.is_none_or(|v| v.is_object()));
+            prop_assert!(took < CASE_LIMIT);
+        }
+
+        #[test]
+        fn any_price_table_gives_finite_non_negative_costs(
+            json in prop_oneof![
+                arb_text(),
+                prop::collection::btree_map(
+                    "[a-c]{0,3}", (any::<f64>(), any::<f64>()), 0..4,
+                ).prop_map(|m| serde_json::to_string(&m).unwrap_or_default()),
+            ],
+            model in "[a-c]{0,4}",
+            input_tokens in any::<u64>(),
+            output_tokens in any::<u64>(),
+        ) {
+            let mut table = PriceTable::with_defaults();
+            if table.extend_from_json(&json).is_ok() {
+                let cost = table.cost(&model, input_tokens, output_tokens);
+                prop_assert!(cost.is_finite() && cost >= 0.0, "{json} {model}: {cost}");
+            }
+        }
+
+        #[test]
+        fn token_counts_of_any_size_add_up_without_panicking(
+            start in any::<(u64, u64)>(),
+            input in any::<Option<u64>>(),
+            output in any::<Option<u64>>(),
+        ) {
+            let mut usage = Usage { input_tokens: start.0, output_tokens: start.1, ..Usage::default() };
+            count_tokens(&mut usage, input, output);
+            prop_assert!(usage.input_tokens >= start.0 && usage.output_tokens >= start.1);
+        }
+    }
 
     #[test]
     fn prices_use_the_longest_prefix() {
@@ -168,6 +331,47 @@ mod tests {
         let mini = t.cost("gpt-4o-mini-2024", 1_000_000, 0);
         assert!((mini - 0.15).abs() < 1e-9);
         assert_eq!(t.cost("unknown", 10, 10), 0.0);
+    }
+
+    #[test]
+    fn a_nan_retry_after_or_a_huge_attempt_waits_the_backoff() {
+        // Both panicked: `Duration::from_secs_f64(NaN)`, and `attempt as i32 - 1` overflowing.
+        assert_eq!(retry_wait(Some("NaN"), 0), Duration::from_secs_f64(0.125));
+        assert_eq!(retry_wait(Some("NaN"), 3), Duration::from_secs(1));
+        assert_eq!(retry_wait(None, u32::MAX), Duration::from_secs(60));
+        assert_eq!(retry_wait(Some("inf"), 1), Duration::from_secs(60));
+        assert_eq!(retry_wait(Some("-5"), 1), Duration::ZERO);
+        assert_eq!(retry_wait(Some("2.5"), 1), Duration::from_secs_f64(2.5));
+    }
+
+    #[test]
+    fn a_closing_brace_before_the_opening_one_is_no_json() {
+        // Panicked: `trimmed[start..=end]` with `end < start`.
+        assert!(json_from_text("}`{").is_none());
+    }
+
+    #[test]
+    fn prices_out_of_range_are_refused() {
+        // A price of -4e301 was accepted; its cost is negative (or infinite, which JSON
+        // writes as null and a `JobResult` then fails to read).
+        let mut t = PriceTable::with_defaults();
+        assert!(t
+            .extend_from_json(r#"{"":[-4.2661255008206724e+301,0.0]}"#)
+            .is_err());
+        assert!(t.extend_from_json(r#"{"m":[1e300,1.0]}"#).is_err());
+        assert!(t.extend_from_json(r#"{"m":[1.0,2.0]}"#).is_ok());
+        assert!(t.cost("m", u64::MAX, u64::MAX).is_finite());
+    }
+
+    #[test]
+    fn token_counts_saturate() {
+        // Panicked: `usage.output_tokens += ...` overflowing.
+        let mut usage = Usage {
+            output_tokens: 4199908635904747956,
+            ..Usage::default()
+        };
+        count_tokens(&mut usage, None, Some(14246835437804803660));
+        assert_eq!(usage.output_tokens, u64::MAX);
     }
 
     #[test]

@@ -95,14 +95,14 @@ async fn scripted(
             vec![],
         );
     };
-    let step = &steps[(job.visit as usize - 1).min(steps.len() - 1)];
+    let step = &steps[(job.visit.saturating_sub(1) as usize).min(steps.len() - 1)];
     let mut transcript = Vec::new();
     if let Some(prior) = &prior {
         transcript.push(json!({"continued_from": prior}));
     }
     transcript.push(json!({"role": "user", "content": job.prompt}));
-    if step.delay_seconds > 0.0 {
-        tokio::time::sleep(Duration::from_secs_f64(step.delay_seconds)).await;
+    if !step.delay().is_zero() {
+        tokio::time::sleep(step.delay()).await;
     }
     for (path, content) in &step.files {
         let input = json!({"path": path, "content": content});
