@@ -15,6 +15,8 @@ pub mod messages;
 pub mod mutation;
 pub mod paths;
 pub mod ports;
+#[cfg(any(test, feature = "test-support"))]
+pub mod proptest_support;
 pub mod schema;
 pub mod scope;
 pub mod testfail;

@@ -195,7 +195,7 @@ async fn finish_apply(
 }
 
 /// Runs one argv in the container and stores its full logs as artifacts.
-async fn run_logged(
+pub(crate) async fn run_logged(
     session: &dyn Session,
     argv: &[String],
     timeout: Duration,

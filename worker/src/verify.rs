@@ -588,28 +588,15 @@ pub async fn check_build(
         Ok(a) => a,
         Err(e) => return Ok(bad_params(format!("bad build command: {e}"))),
     };
-    let out = session
-        .exec(&argv, None, Duration::from_secs(p.timeout_seconds.max(1)))
-        .await;
+    let timeout = Duration::from_secs(p.timeout_seconds.max(1));
+    let r = crate::harness::run_logged(session, &argv, timeout, "build", art).await?;
     let _ = session.kill_strays().await;
-    let (code, stdout, stderr) = match out {
-        Ok(o) => (
-            o.exit_code,
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        ),
-        Err(e) => (127, String::new(), e.to_string()),
-    };
-    art.put("logs/build.stdout", stdout.clone().into_bytes())
-        .await?;
-    art.put("logs/build.stderr", stderr.clone().into_bytes())
-        .await?;
-    let ok = code == 0;
+    let (ok, code) = (r.exit_code == 0, r.exit_code);
     let output = json!({
         "build_ok": ok,
         "exit_code": code,
-        "stdout_tail": shared::text::tail(&stdout, 100, 4000),
-        "stderr_tail": shared::text::tail(&stderr, 100, 4000),
+        "stdout_tail": r.stdout_trunc,
+        "stderr_tail": r.stderr_trunc,
     });
     Ok(StepOutcome {
         status: if ok { JobStatus::Ok } else { JobStatus::Failed },
