@@ -578,15 +578,23 @@ async fn an_unimplemented_property_sketch_blocks_when_coverage_is_required() -> 
         json!(["push_pop_inverse"])
     );
     // The harness derived the uncovered sketch itself (the agent claimed full coverage).
-    let state = stack
-        .artifact_json(&format!("runs/{run}/state.json"))
-        .await?;
-    let verify = state["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["node"] == "verify_tdd")
-        .unwrap();
+    // The mirror of the final state is written just after the run is seen to end: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let verify = loop {
+        let state = stack
+            .artifact_json(&format!("runs/{run}/state.json"))
+            .await?;
+        let found = state["history"]
+            .as_array()
+            .and_then(|h| h.iter().find(|o| o["node"] == "verify_tdd").cloned());
+        match found {
+            Some(v) => break v,
+            None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            None => anyhow::bail!("the state mirror never showed verify_tdd: {state}"),
+        }
+    };
     assert_eq!(verify["derived"]["uncovered"], json!(["push_pop_inverse"]));
     assert_eq!(
         r["tests_coverage"]["self_reported"]["sketches_uncovered"],
