@@ -333,12 +333,14 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
     .await;
     match stored {
         Ok(()) => {
+            crate::faults::point("worker.after_store").await;
             let held = claim.finish(true);
             ack(delivery, &spec, &settled).await;
             for d in held {
                 info!(job = %spec.job_id, attempt = spec.attempt, "acking a held delivery: its attempt's result is reported");
                 ack(d, &spec, &settled).await;
             }
+            crate::faults::point("worker.after_ack").await;
         }
         Err(e) => {
             warn!(job = %spec.job_id, error = %e, "could not report the result; requeueing");

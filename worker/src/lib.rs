@@ -8,6 +8,7 @@ pub mod agent;
 pub mod blobs;
 pub mod claims;
 pub mod consumer;
+pub mod faults;
 pub mod git;
 pub mod harness;
 pub mod memory_queue;

@@ -443,8 +443,12 @@ impl Runner {
                     ("fleet.run".into(), spec.run_id.to_string()),
                 ],
             };
+            crate::faults::point("worker.before_container").await;
             match self.sandbox.start(&sandbox_spec).await {
-                Ok(s) => Some(s),
+                Ok(s) => {
+                    crate::faults::point("worker.mid_run").await;
+                    Some(s)
+                }
                 Err(SandboxError::MissingImage(image)) => {
                     let step = StepOutcome {
                         status: JobStatus::Error,
