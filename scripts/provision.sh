@@ -30,10 +30,20 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 # --- Redis ---
+# Run state lives here: the append-only file is fsynced on every write, so a crash of Redis
+# loses no acknowledged transition (ARCHITECTURE.md, "Durability").
 if ! redis-cli -p 6379 ping >/dev/null 2>&1; then
   log "starting redis on 127.0.0.1:6379"
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
-    --logfile "$STATE_DIR/redis.log"
+  mkdir -p "$STATE_DIR/redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --dir "$STATE_DIR/redis" \
+    --appendonly yes --appendfsync always --logfile "$STATE_DIR/redis.log"
+elif [ "$(redis-cli -p 6379 config get appendonly | tail -1)" != "yes" ]; then
+  log "redis on 6379 runs without its append-only file; restarting it with one"
+  redis-cli -p 6379 shutdown nosave >/dev/null 2>&1 || true
+  sleep 1
+  mkdir -p "$STATE_DIR/redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --dir "$STATE_DIR/redis" \
+    --appendonly yes --appendfsync always --logfile "$STATE_DIR/redis.log"
 fi
 
 # --- RabbitMQ ---

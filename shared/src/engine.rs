@@ -381,6 +381,12 @@ pub enum Event {
         started_at: String,
         at: String,
     },
+    /// The run was restored from its mirror after the run store lost it: every job it still
+    /// waits for is issued again as its next attempt (the outbox, deadlines and results that
+    /// were lost with the store are redone; a result of an older attempt is stale).
+    Restored {
+        at: String,
+    },
     /// A human decided an approval node.
     Decide {
         node: NodeId,
@@ -474,6 +480,7 @@ pub fn apply_in_place(
         | Event::JobDead { at, .. }
         | Event::JobStarted { at, .. }
         | Event::Reissue { at, .. }
+        | Event::Restored { at }
         | Event::Decide { at, .. }
         | Event::Cancel { at } => at.as_str(),
     };
@@ -483,6 +490,7 @@ pub fn apply_in_place(
         Dead(JobRecord),
         Started(JobRecord),
         Reissue(JobRecord),
+        Restored(Vec<(JobId, JobRecord)>),
         Decide(ApprovalState),
         Cancel,
     }
@@ -553,13 +561,36 @@ pub fn apply_in_place(
                     return unchanged(Applied::Duplicate)
                 }
                 Event::JobStarted { .. } => Step::Started(record.clone()),
+                // A deadline counted from the publish (empty `started_at`): only a job that
+                // never started is re-issued; a start brings its own deadline.
                 Event::Reissue { started_at, .. }
-                    if record.started_at.as_ref() != Some(started_at) =>
+                    if started_at.is_empty() && record.started_at.is_some() =>
+                {
+                    return unchanged(Applied::Ignored(
+                        "the job started; its own deadline applies",
+                    ))
+                }
+                Event::Reissue { started_at, .. }
+                    if !started_at.is_empty() && record.started_at.as_ref() != Some(started_at) =>
                 {
                     return unchanged(Applied::Ignored("a later start supersedes this deadline"))
                 }
                 _ => Step::Reissue(record.clone()),
             }
+        }
+        Event::Restored { .. } => {
+            let live = |r: &JobRecord| {
+                state.status == RunStatus::Running || (state.status.is_terminal() && r.advisory)
+            };
+            let waiting: Vec<(JobId, JobRecord)> = state
+                .pending_jobs()
+                .filter(|(_, r)| live(r))
+                .map(|(id, r)| (id.clone(), r.clone()))
+                .collect();
+            if waiting.is_empty() {
+                return unchanged(Applied::Ignored("no job to re-issue"));
+            }
+            Step::Restored(waiting)
         }
         Event::Decide { node, .. } => {
             let Some(approval) = state
@@ -634,6 +665,11 @@ pub fn apply_in_place(
         }
         (Step::Reissue(record), Event::Reissue { job_id, .. }) => {
             e.reissue(job_id, record)?;
+        }
+        (Step::Restored(waiting), _) => {
+            for (job_id, record) in waiting {
+                e.reissue_as_next(&job_id, record)?;
+            }
         }
         (Step::Cancel, _) => {
             e.finish(RunStatus::Cancelled, json!({"reason": "cancelled"}));
@@ -1114,6 +1150,16 @@ impl Engine<'_> {
             self.finish(RunStatus::Failed, result);
             return Ok(());
         }
+        self.reissue_as_next(job_id, record)
+    }
+
+    /// Publishes `record`'s job again as its next attempt (no attempt limit: a restore is not
+    /// the job's fault).
+    fn reissue_as_next(&mut self, job_id: &JobId, record: JobRecord) -> Result<(), EngineError> {
+        debug_assert_eq!(
+            self.state.jobs.get(job_id).map(|r| r.attempt),
+            Some(record.attempt)
+        );
         let n = self.node(&record.node)?.clone();
         let ctx = self.state.context_in(record.branch);
         self.publish_attempt(

@@ -53,8 +53,23 @@ pub trait RunStore: Send + Sync {
     async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError>;
     /// Returns in-flight messages of owners that stopped heartbeating to the outbox.
     async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError>;
-    /// Remembers a deadline (unix seconds) for a started job attempt; `watch` is opaque.
-    async fn watch(&self, watch: &str, deadline: i64) -> Result<(), PortError>;
-    /// Takes up to `max` watches whose deadline passed (each is handed out once).
-    async fn due(&self, now: i64, max: usize) -> Result<Vec<String>, PortError>;
+    /// Returns `owner`'s own in-flight messages to the outbox: a coordinator starting under
+    /// the id of one that died holds nothing in flight yet, so whatever its list holds is lost
+    /// work of the earlier process.
+    async fn outbox_reclaim_own(&self, owner: &str) -> Result<usize, PortError>;
+    /// Keeps `owner`'s lease alive (its in-flight list stays its own while the lease holds).
+    async fn heartbeat(&self, owner: &str) -> Result<(), PortError>;
+    /// Remembers deadlines (unix seconds) of job attempts; each watch is opaque.
+    async fn watch(&self, watches: &[(String, i64)]) -> Result<(), PortError>;
+    /// Leases up to `max` watches whose deadline passed for `lease_seconds` (a coordinator
+    /// that dies before `unwatch` leaves them to be handed out again).
+    async fn due(&self, now: i64, max: usize, lease_seconds: i64)
+        -> Result<Vec<String>, PortError>;
+    /// Forgets a watch once its deadline was acted on.
+    async fn unwatch(&self, watch: &str) -> Result<(), PortError>;
+    /// Does the store hold the run?
+    async fn exists(&self, run: &RunId) -> Result<bool, PortError>;
+    /// The store's epoch: a token set once when the store is first used (to `candidate`) and
+    /// lost with the store's data, so a changed epoch tells that the store was wiped.
+    async fn epoch(&self, candidate: &str) -> Result<String, PortError>;
 }

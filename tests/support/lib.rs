@@ -2,4 +2,5 @@
 //! server that speaks the real wire formats.
 
 pub mod fake_llm;
+pub mod private_redis;
 pub mod stack;

@@ -77,6 +77,31 @@ struct Proc {
     log: PathBuf,
 }
 
+/// What a stack starts with (`Stack::start_config`).
+pub struct StackConfig<'a> {
+    pub tag: &'a str,
+    pub workers: usize,
+    /// Jobs each worker runs at once.
+    pub concurrency: usize,
+    pub worker_env: &'a [(&'a str, &'a str)],
+    pub coordinator_env: &'a [(&'a str, &'a str)],
+    /// For every process (e.g. `FLEET_REDIS` of a private Redis).
+    pub common_env: &'a [(&'a str, &'a str)],
+}
+
+impl Default for StackConfig<'_> {
+    fn default() -> Self {
+        StackConfig {
+            tag: "stack",
+            workers: 1,
+            concurrency: 2,
+            worker_env: &[],
+            coordinator_env: &[],
+            common_env: &[],
+        }
+    }
+}
+
 pub struct Stack {
     pub ns: String,
     pub server: String,
@@ -85,7 +110,12 @@ pub struct Stack {
     coordinator: Proc,
     extra_coordinators: Vec<Proc>,
     workers: BTreeMap<String, Proc>,
-    worker_env: Vec<(String, String)>,
+    /// Extra environment of workers started from now on.
+    pub worker_env: Vec<(String, String)>,
+    /// Extra environment of coordinators started from now on.
+    pub coordinator_env: Vec<(String, String)>,
+    /// Extra environment of every process of the stack (overrides `base_env`).
+    pub common_env: Vec<(String, String)>,
     /// Jobs each worker runs at once.
     pub worker_concurrency: usize,
     http: reqwest::Client,
@@ -108,14 +138,42 @@ impl Stack {
         concurrency: usize,
         worker_env: &[(&str, &str)],
     ) -> anyhow::Result<Stack> {
+        Self::start_config(StackConfig {
+            tag,
+            workers,
+            concurrency,
+            worker_env,
+            ..StackConfig::default()
+        })
+        .await
+    }
+
+    /// Starts a stack as `config` says.
+    pub async fn start_config(config: StackConfig<'_>) -> anyhow::Result<Stack> {
+        let StackConfig {
+            tag,
+            workers,
+            concurrency,
+            worker_env,
+            coordinator_env,
+            common_env,
+        } = config;
+        let owned = |env: &[(&str, &str)]| -> Vec<(String, String)> {
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
         let ns = unique_namespace(tag);
         let log_dir = workspace_root().join("target/test-logs").join(&ns);
         std::fs::create_dir_all(&log_dir)?;
         let port = free_port();
         let server = format!("http://127.0.0.1:{port}");
+        let mut env = base_env(&ns);
+        env.extend(owned(common_env));
+        env.extend(owned(coordinator_env));
         let coordinator = spawn(
             &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
-            &base_env(&ns),
+            &env,
             &log_dir.join("coordinator.log"),
         )?;
         let mut stack = Stack {
@@ -126,10 +184,9 @@ impl Stack {
             coordinator,
             extra_coordinators: Vec::new(),
             workers: BTreeMap::new(),
-            worker_env: worker_env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            worker_env: owned(worker_env),
+            coordinator_env: owned(coordinator_env),
+            common_env: owned(common_env),
             worker_concurrency: concurrency,
             http: reqwest::Client::new(),
         };
@@ -150,8 +207,17 @@ impl Stack {
         self.workers.keys().cloned().collect()
     }
 
+    /// The environment of a new coordinator of this stack.
+    fn coordinator_env(&self) -> Vec<(String, String)> {
+        let mut env = base_env(&self.ns);
+        env.extend(self.common_env.iter().cloned());
+        env.extend(self.coordinator_env.iter().cloned());
+        env
+    }
+
     pub fn start_worker(&mut self, id: &str) -> anyhow::Result<()> {
         let mut env = base_env(&self.ns);
+        env.extend(self.common_env.iter().cloned());
         env.extend(self.worker_env.iter().cloned());
         let work_dir = self.dir.path().join(format!("work-{id}"));
         let log = self.log_dir.join(format!("{id}.log"));
@@ -218,7 +284,7 @@ impl Stack {
         self.server = format!("http://127.0.0.1:{port}");
         self.coordinator = spawn(
             &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
-            &base_env(&self.ns),
+            &self.coordinator_env(),
             &self.log_dir.join("coordinator-2.log"),
         )?;
         self.wait_healthy().await
@@ -231,7 +297,7 @@ impl Stack {
         let n = self.extra_coordinators.len() + 2;
         let proc = spawn(
             &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
-            &base_env(&self.ns),
+            &self.coordinator_env(),
             &self.log_dir.join(format!("coordinator-{n}.log")),
         )?;
         self.extra_coordinators.push(proc);
@@ -383,6 +449,7 @@ impl Stack {
     /// Runs the `fleet` CLI against this stack.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<CliOutput> {
         let mut env = base_env(&self.ns);
+        env.extend(self.common_env.iter().cloned());
         env.push(("FLEET_SERVER".into(), self.server.clone()));
         run_cli(args, &env)
     }

@@ -17,7 +17,8 @@ struct Inner {
     runs: BTreeMap<RunId, (RunState, u64)>,
     order: Vec<RunId>,
     outbox: VecDeque<String>,
-    deadlines: Vec<(i64, String)>,
+    deadlines: BTreeMap<String, i64>,
+    epoch: Option<String>,
 }
 
 fn encode(m: &OutboxMessage) -> String {
@@ -84,21 +85,56 @@ impl RunStore for MemoryRunStore {
         Ok(0)
     }
 
-    async fn watch(&self, watch: &str, deadline: i64) -> Result<(), PortError> {
-        let mut g = self.inner.lock().expect("store lock");
-        g.deadlines.push((deadline, watch.to_string()));
+    async fn outbox_reclaim_own(&self, _owner: &str) -> Result<usize, PortError> {
+        Ok(0)
+    }
+
+    async fn heartbeat(&self, _owner: &str) -> Result<(), PortError> {
         Ok(())
     }
 
-    async fn due(&self, now: i64, max: usize) -> Result<Vec<String>, PortError> {
+    async fn watch(&self, watches: &[(String, i64)]) -> Result<(), PortError> {
         let mut g = self.inner.lock().expect("store lock");
-        g.deadlines.sort();
-        let n = g
+        g.deadlines.extend(watches.iter().cloned());
+        Ok(())
+    }
+
+    async fn due(&self, now: i64, max: usize, lease: i64) -> Result<Vec<String>, PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        let mut due: Vec<(i64, String)> = g
             .deadlines
             .iter()
-            .take(max)
-            .take_while(|(d, _)| *d <= now)
-            .count();
-        Ok(g.deadlines.drain(..n).map(|(_, w)| w).collect())
+            .filter(|(_, d)| **d <= now)
+            .map(|(w, d)| (*d, w.clone()))
+            .collect();
+        due.sort();
+        due.truncate(max);
+        for (_, w) in &due {
+            g.deadlines.insert(w.clone(), now + lease);
+        }
+        Ok(due.into_iter().map(|(_, w)| w).collect())
+    }
+
+    async fn unwatch(&self, watch: &str) -> Result<(), PortError> {
+        self.inner
+            .lock()
+            .expect("store lock")
+            .deadlines
+            .remove(watch);
+        Ok(())
+    }
+
+    async fn exists(&self, run: &RunId) -> Result<bool, PortError> {
+        Ok(self
+            .inner
+            .lock()
+            .expect("store lock")
+            .runs
+            .contains_key(run))
+    }
+
+    async fn epoch(&self, candidate: &str) -> Result<String, PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        Ok(g.epoch.get_or_insert_with(|| candidate.to_string()).clone())
     }
 }

@@ -28,7 +28,7 @@ return 1
 "#;
 
 const CLAIM: &str = r#"
-redis.call('SET', KEYS[3], 1, 'EX', 10)
+redis.call('SET', KEYS[3], 1, 'EX', tonumber(ARGV[2]))
 local out = {}
 for i = 1, tonumber(ARGV[1]) do
   local m = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
@@ -38,11 +38,30 @@ end
 return out
 "#;
 
+// Leases due watches: their deadline moves `lease` seconds on, so a coordinator that dies
+// before acting on one leaves it to be handed out again.
 const DUE: &str = r#"
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for i = 1, #due do redis.call('ZREM', KEYS[1], due[i]) end
+for i = 1, #due do redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[3]), due[i]) end
 return due
 "#;
+
+const RECLAIM_OWN: &str = r#"
+local n = 0
+while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do n = n + 1 end
+return n
+"#;
+
+const EPOCH: &str = r#"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+"#;
+
+/// No call to Redis waits longer than this (a blocked server is an error, not a hang).
+const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Seconds an owner's lease lasts without a heartbeat.
+const LEASE_SECONDS: u64 = 10;
 
 const DONE: &str = r#"
 for i = 1, #ARGV do redis.call('LREM', KEYS[1], 1, ARGV[i]) end
@@ -57,6 +76,8 @@ pub struct RedisRunStore {
     claim: Script,
     done: Script,
     due: Script,
+    reclaim_own: Script,
+    epoch: Script,
 }
 
 fn err(e: redis::RedisError) -> PortError {
@@ -67,10 +88,40 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<String, PortError> {
     serde_json::to_string(v).map_err(|e| PortError::Encoding(e.to_string()))
 }
 
+/// Runs one Redis call with the call timeout; a call that found the connection dropped (the
+/// server restarted: the connection manager reconnects on the next call) is tried once more.
+async fn timed<T, F, Fut>(what: &str, conn: &ConnectionManager, call: F) -> Result<T, PortError>
+where
+    F: Fn(ConnectionManager) -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match tokio::time::timeout(CALL_TIMEOUT, call(conn.clone())).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if tries < 2 && (e.is_connection_dropped() || e.is_io_error()) => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Ok(Err(e)) => return Err(err(e)),
+            Err(_) => {
+                return Err(PortError::Connection(format!(
+                    "redis did not answer `{what}` within {CALL_TIMEOUT:?}"
+                )))
+            }
+        }
+    }
+}
+
 impl RedisRunStore {
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, PortError> {
         let client = redis::Client::open(url).map_err(err)?;
-        let conn = ConnectionManager::new(client).await.map_err(err)?;
+        let conn = tokio::time::timeout(CALL_TIMEOUT, ConnectionManager::new(client))
+            .await
+            .map_err(|_| {
+                PortError::Connection(format!("redis did not answer within {CALL_TIMEOUT:?}"))
+            })?
+            .map_err(err)?;
         Ok(Self {
             conn,
             ns: namespace.to_string(),
@@ -79,6 +130,8 @@ impl RedisRunStore {
             claim: Script::new(CLAIM),
             done: Script::new(DONE),
             due: Script::new(DUE),
+            reclaim_own: Script::new(RECLAIM_OWN),
+            epoch: Script::new(EPOCH),
         })
     }
 
@@ -115,21 +168,22 @@ impl RunStore for RedisRunStore {
         for m in outbox {
             inv.arg(encode(m)?);
         }
-        let created: i64 = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
+        let created: i64 = timed("create", &self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await?;
         Ok(created == 1)
     }
 
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError> {
-        let (state, version): (Option<String>, Option<u64>) = redis::cmd("HMGET")
-            .arg(self.run_key(run))
-            .arg("state")
-            .arg("version")
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(self.run_key(run)).arg("state").arg("version");
+        let (state, version): (Option<String>, Option<u64>) = timed("load", &self.conn, |mut c| {
+            let cmd = &cmd;
+            async move { cmd.query_async(&mut c).await }
+        })
+        .await?;
         match (state, version) {
             (Some(s), Some(v)) => {
                 let state =
@@ -154,10 +208,11 @@ impl RunStore for RedisRunStore {
         for m in outbox {
             inv.arg(encode(m)?);
         }
-        let ok: i64 = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
+        let ok: i64 = timed("commit", &self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await?;
         Ok(if ok == 1 {
             CasOutcome::Committed
         } else {
@@ -166,12 +221,12 @@ impl RunStore for RedisRunStore {
     }
 
     async fn list(&self) -> Result<Vec<RunId>, PortError> {
-        let ids: Vec<String> = self
-            .conn
-            .clone()
-            .zrevrange(self.runs_key(), 0, 999)
-            .await
-            .map_err(err)?;
+        let key = self.runs_key();
+        let ids: Vec<String> = timed("list", &self.conn, |mut c| {
+            let key = key.clone();
+            async move { c.zrevrange(key, 0, 999).await }
+        })
+        .await?;
         Ok(ids.into_iter().map(RunId::new).collect())
     }
 
@@ -180,8 +235,13 @@ impl RunStore for RedisRunStore {
         inv.key(self.outbox_key())
             .key(self.inflight_key(owner))
             .key(self.owner_key(owner))
-            .arg(max);
-        inv.invoke_async(&mut self.conn.clone()).await.map_err(err)
+            .arg(max)
+            .arg(LEASE_SECONDS);
+        timed("outbox claim", &self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await
     }
 
     async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError> {
@@ -193,64 +253,125 @@ impl RunStore for RedisRunStore {
         for r in raws {
             inv.arg(r);
         }
-        let _: i64 = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
+        let _: i64 = timed("outbox done", &self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await?;
         Ok(())
-    }
-
-    async fn watch(&self, watch: &str, deadline: i64) -> Result<(), PortError> {
-        let _: i64 = self
-            .conn
-            .clone()
-            .zadd(self.deadlines_key(), watch, deadline)
-            .await
-            .map_err(err)?;
-        Ok(())
-    }
-
-    async fn due(&self, now: i64, max: usize) -> Result<Vec<String>, PortError> {
-        let mut inv = self.due.prepare_invoke();
-        inv.key(self.deadlines_key()).arg(now).arg(max);
-        inv.invoke_async(&mut self.conn.clone()).await.map_err(err)
     }
 
     async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError> {
-        let mut conn = self.conn.clone();
         let pattern = self.inflight_key("*");
-        let keys: Vec<String> = {
-            let mut iter: redis::AsyncIter<String> =
-                conn.scan_match(&pattern).await.map_err(err)?;
-            let mut keys = Vec::new();
-            while let Some(k) = futures::StreamExt::next(&mut iter).await {
-                keys.push(k);
+        let keys: Vec<String> = timed("scan in-flight lists", &self.conn, |mut c| {
+            let pattern = pattern.clone();
+            async move {
+                let mut iter: redis::AsyncIter<String> = c.scan_match(&pattern).await?;
+                let mut keys = Vec::new();
+                while let Some(k) = futures::StreamExt::next(&mut iter).await {
+                    keys.push(k);
+                }
+                Ok(keys)
             }
-            keys
-        };
+        })
+        .await?;
         let prefix = self.inflight_key("");
         let mut moved = 0;
         for key in keys {
             let other = key.trim_start_matches(&prefix).to_string();
-            let alive: bool = conn.exists(self.owner_key(&other)).await.map_err(err)?;
-            if other == owner || alive {
+            if other == owner {
                 continue;
             }
-            loop {
-                let m: Option<String> = redis::cmd("LMOVE")
-                    .arg(&key)
-                    .arg(self.outbox_key())
-                    .arg("LEFT")
-                    .arg("RIGHT")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(err)?;
-                if m.is_none() {
-                    break;
-                }
-                moved += 1;
+            let lease = self.owner_key(&other);
+            let alive: bool = timed("owner lease", &self.conn, |mut c| {
+                let lease = lease.clone();
+                async move { c.exists(lease).await }
+            })
+            .await?;
+            if alive {
+                continue;
             }
+            let mut inv = self.reclaim_own.prepare_invoke();
+            inv.key(&key).key(self.outbox_key());
+            let n: usize = timed("recover in-flight", &self.conn, |mut c| {
+                let inv = &inv;
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+            moved += n;
         }
         Ok(moved)
+    }
+
+    async fn outbox_reclaim_own(&self, owner: &str) -> Result<usize, PortError> {
+        let mut inv = self.reclaim_own.prepare_invoke();
+        inv.key(self.inflight_key(owner)).key(self.outbox_key());
+        timed("reclaim own in-flight", &self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await
+    }
+
+    async fn heartbeat(&self, owner: &str) -> Result<(), PortError> {
+        let key = self.owner_key(owner);
+        timed("heartbeat", &self.conn, |mut c| {
+            let key = key.clone();
+            async move { c.set_ex::<_, _, ()>(key, 1, LEASE_SECONDS).await }
+        })
+        .await
+    }
+
+    async fn watch(&self, watches: &[(String, i64)]) -> Result<(), PortError> {
+        if watches.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<(i64, &str)> = watches.iter().map(|(w, d)| (*d, w.as_str())).collect();
+        let key = self.deadlines_key();
+        let _: i64 = timed("watch", &self.conn, |mut c| {
+            let (key, items) = (key.clone(), &items);
+            async move { c.zadd_multiple(key, items).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn due(&self, now: i64, max: usize, lease: i64) -> Result<Vec<String>, PortError> {
+        let mut inv = self.due.prepare_invoke();
+        inv.key(self.deadlines_key()).arg(now).arg(max).arg(lease);
+        timed("due", &self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await
+    }
+
+    async fn unwatch(&self, watch: &str) -> Result<(), PortError> {
+        let key = self.deadlines_key();
+        let _: i64 = timed("unwatch", &self.conn, |mut c| {
+            let key = key.clone();
+            async move { c.zrem(key, watch).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn exists(&self, run: &RunId) -> Result<bool, PortError> {
+        let key = self.run_key(run);
+        timed("exists", &self.conn, |mut c| {
+            let key = key.clone();
+            async move { c.exists(key).await }
+        })
+        .await
+    }
+
+    async fn epoch(&self, candidate: &str) -> Result<String, PortError> {
+        let mut inv = self.epoch.prepare_invoke();
+        inv.key(format!("{}:epoch", self.ns)).arg(candidate);
+        timed("epoch", &self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await
     }
 }

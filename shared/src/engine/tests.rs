@@ -730,3 +730,80 @@ fn a_job_that_never_finishes_fails_the_run_after_its_attempts() {
     assert_eq!(last.state.status, RunStatus::Failed);
     assert_eq!(last.state.result.unwrap()["reason"], "job_never_finished");
 }
+
+#[test]
+fn a_queued_deadline_reissues_only_a_job_that_never_started() {
+    let b = factory_bundle();
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let job = published(&t).job_id.clone();
+    let queued = |state: &RunState| {
+        step(
+            &b,
+            state,
+            Event::Reissue {
+                job_id: job.clone(),
+                attempt: 1,
+                started_at: String::new(),
+                at: "t9".into(),
+            },
+        )
+    };
+    let never_started = queued(&t.state);
+    assert_eq!(published(&never_started).attempt, 2);
+    let started = step(
+        &b,
+        &t.state,
+        Event::JobStarted {
+            job_id: job.clone(),
+            attempt: 1,
+            worker: "w1".into(),
+            at: "t1".into(),
+        },
+    );
+    let ignored = queued(&started.state);
+    assert_eq!(
+        ignored.applied,
+        Applied::Ignored("the job started; its own deadline applies")
+    );
+    assert!(ignored.effects.is_empty());
+}
+
+#[test]
+fn a_restored_run_reissues_every_job_it_waits_for_and_fences_the_old_attempts() {
+    let b = factory_bundle();
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let job = published(&t).job_id.clone();
+    // Even a job at its last attempt is issued again: the loss was not its fault.
+    let mut state = t.state.clone();
+    state.jobs.get_mut(&job).unwrap().attempt = MAX_ATTEMPTS;
+    let restored = step(&b, &state, Event::Restored { at: "t5".into() });
+    assert_eq!(restored.applied, Applied::Changed);
+    let again = published(&restored);
+    assert_eq!(again.job_id, job);
+    assert_eq!(again.attempt, MAX_ATTEMPTS + 1);
+    assert_eq!(restored.state.status, RunStatus::Running);
+
+    let ok = json!({"unified_diff": "diff --git a/x b/x", "summary": "s"});
+    let old = step(
+        &b,
+        &restored.state,
+        result(&job, MAX_ATTEMPTS, JobStatus::Ok, ok.clone()),
+    );
+    assert_eq!(
+        old.applied,
+        Applied::Stale {
+            current: MAX_ATTEMPTS + 1
+        }
+    );
+    let new = step(
+        &b,
+        &restored.state,
+        result(&job, MAX_ATTEMPTS + 1, JobStatus::Ok, ok),
+    );
+    assert_eq!(new.applied, Applied::Changed);
+
+    // A finished run has nothing to re-issue.
+    let cancelled = step(&b, &t.state, Event::Cancel { at: "t2".into() });
+    let nothing = step(&b, &cancelled.state, Event::Restored { at: "t3".into() });
+    assert_eq!(nothing.applied, Applied::Ignored("no job to re-issue"));
+}

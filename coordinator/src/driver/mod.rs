@@ -1,0 +1,416 @@
+//! The driver: feeds events to the pure engine and carries out what it decides. Every state
+//! change goes through a compare-and-set in the run store together with the job messages it
+//! causes (outbox); a relay publishes the outbox with publisher confirms. Nothing that matters
+//! lives in memory, so several coordinators can run side by side and any of them can die.
+//!
+//! The rooms: this file applies events and commits them; `mirror` keeps the copy of each run
+//! in object storage and restores runs the store lost; `relay` publishes the outbox; `inbox`
+//! consumes results and batches them per run; `watchdog` re-issues jobs past their deadline.
+
+mod inbox;
+mod mirror;
+mod relay;
+mod watchdog;
+
+use crate::metrics::CoordinatorMetrics;
+use crate::submit::SubmitError;
+use shared::engine::{self, Applied, Assembler, Effect, Event, RunState};
+use shared::graph::GraphBundle;
+use shared::ids::RunId;
+use shared::messages::{JobEnvelope, INLINE_LIMIT, WIRE_VERSION};
+use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+use worker::blobs::{BlobError, Blobs};
+use worker::queue::{Broker, QueueName};
+
+#[derive(Debug, Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Store(#[from] PortError),
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error("engine: {0}")]
+    Engine(#[from] engine::EngineError),
+    #[error("run `{0}` not found")]
+    UnknownRun(RunId),
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+}
+
+pub struct Coordinator {
+    pub id: String,
+    pub store: Arc<dyn RunStore>,
+    pub broker: Arc<dyn Broker>,
+    pub blobs: Blobs,
+    pub metrics: CoordinatorMetrics,
+    graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
+    outbox_ready: Notify,
+    run_locks: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
+    inbox: Mutex<inbox::Inbox>,
+    /// Time after a started job's own timeout before the watchdog re-issues it.
+    pub reissue_grace: Duration,
+    /// Time a published job may wait in the queue (plus its own timeout) before the watchdog
+    /// issues it again.
+    pub queue_grace: Duration,
+    /// The version of each run this coordinator last mirrored.
+    mirrored: Mutex<HashMap<RunId, u64>>,
+}
+
+/// A coordinator id no other process shares: in containers every process is pid 1, so the
+/// pid alone would make restarted coordinators inherit each other's leases.
+pub fn unique_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "coordinator-{host}-{}-{:x}",
+        std::process::id(),
+        nanos & 0xffff_ffff
+    )
+}
+
+fn env_seconds(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Built-in result assemblers of exit nodes.
+pub fn assembler(name: &str) -> Option<Assembler> {
+    match name {
+        "factory_summary" => Some(shared::factory::summarize as Assembler),
+        "hybrid_result" => Some(shared::hybrid::assemble as Assembler),
+        _ => None,
+    }
+}
+
+impl Coordinator {
+    pub fn new(
+        id: String,
+        store: Arc<dyn RunStore>,
+        broker: Arc<dyn Broker>,
+        blobs: Blobs,
+        metrics: CoordinatorMetrics,
+    ) -> Self {
+        Self {
+            id,
+            store,
+            broker,
+            blobs,
+            metrics,
+            graphs: Mutex::new(HashMap::new()),
+            outbox_ready: Notify::new(),
+            run_locks: Mutex::new(HashMap::new()),
+            inbox: Mutex::new(inbox::Inbox::default()),
+            reissue_grace: Duration::from_secs(env_seconds("FLEET_REISSUE_GRACE_SECONDS", 60)),
+            queue_grace: Duration::from_secs(env_seconds("FLEET_QUEUE_GRACE_SECONDS", 6 * 3600)),
+            mirrored: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub async fn bundle(&self, key: &str) -> Result<Arc<GraphBundle>, DriverError> {
+        if let Some(b) = self.graphs.lock().expect("graph cache").get(key) {
+            return Ok(b.clone());
+        }
+        let b: Arc<GraphBundle> = Arc::new(self.blobs.get_json(key).await?);
+        self.graphs
+            .lock()
+            .expect("graph cache")
+            .insert(key.to_string(), b.clone());
+        Ok(b)
+    }
+
+    /// Stores each job spec and turns publish effects into outbox messages.
+    async fn outbox_for(&self, effects: &[Effect]) -> Result<Vec<OutboxMessage>, DriverError> {
+        let mut out = Vec::new();
+        for fx in effects {
+            if let Effect::Publish(spec) = fx {
+                let (spec_ref, inline) = self
+                    .blobs
+                    .inline_or_store(spec.as_ref(), INLINE_LIMIT)
+                    .await?;
+                out.push(OutboxMessage::Job(JobEnvelope {
+                    v: WIRE_VERSION,
+                    job_id: spec.job_id.clone(),
+                    run_id: spec.run_id.clone(),
+                    attempt: spec.attempt,
+                    spec_ref,
+                    spec: inline.map(Box::new),
+                }));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates a run (idempotent by run id) and starts it, atomically with its first jobs.
+    pub async fn create_run(
+        &self,
+        state: RunState,
+        bundle: &GraphBundle,
+    ) -> Result<bool, DriverError> {
+        let t = engine::apply(bundle, &state, &Event::Start { at: now() }, &assembler)?;
+        let outbox = self.outbox_for(&t.effects).await?;
+        if finishes(&t.effects) {
+            self.write_results(&t.state).await?;
+        }
+        let created = self.store.create(&t.state, &outbox).await?;
+        if created {
+            // The submitter hears of the run only once its mirror is written.
+            self.mirror(&t.state, 1).await?;
+            self.mark_active(&t.state).await?;
+            self.after_commit(&t.state, &t.effects);
+            self.watch(&t.state.run_id, &t.effects).await;
+            self.outbox_ready.notify_one();
+            self.metrics.runs_created.inc();
+        }
+        Ok(created)
+    }
+
+    /// Applies one event with optimistic concurrency: reload and retry on conflict.
+    pub async fn apply(&self, run: &RunId, event: &Event) -> Result<Applied, DriverError> {
+        let applied = self.apply_batch(run, std::slice::from_ref(event)).await?;
+        Ok(applied
+            .into_iter()
+            .next()
+            .unwrap_or(Applied::Ignored("no event")))
+    }
+
+    /// Applies events to one run in order and commits them in one compare-and-set (a group
+    /// commit: a fan-out's many arrivals cost one state write per batch, not one each).
+    ///
+    /// A finishing transition writes the run's result files *before* its commit, so that a
+    /// client that sees the run finished can read them. A coordinator that wrote them and then
+    /// lost the race puts the files back in line with the committed state.
+    pub async fn apply_batch(
+        &self,
+        run: &RunId,
+        events: &[Event],
+    ) -> Result<Vec<Applied>, DriverError> {
+        let lock = self.run_lock(run);
+        let _guard = lock.lock().await;
+        let mut wrote_results = false;
+        let mut skip = std::collections::HashSet::new();
+        let outcome = loop {
+            let (state, version) = self.load_versioned(run).await?;
+            let bundle = self.bundle(&state.graph_ref).await?;
+            let mut current = state;
+            let mut effects = Vec::new();
+            let mut applied = Vec::with_capacity(events.len());
+            let mut refused = None;
+            for (i, event) in events.iter().enumerate() {
+                if skip.contains(&i) {
+                    applied.push(Applied::Ignored("engine error"));
+                    continue;
+                }
+                match engine::apply_in_place(&bundle, &mut current, event, &assembler) {
+                    Ok((fx, a)) => {
+                        if a != Applied::Changed {
+                            debug!(run = %run, applied = ?a, "event changed nothing");
+                        }
+                        effects.extend(fx);
+                        applied.push(a);
+                    }
+                    Err(e) => {
+                        error!(run = %run, error = %e, "the engine refused an event; skipping it");
+                        refused = Some(i);
+                        break;
+                    }
+                }
+            }
+            if let Some(i) = refused {
+                // The state may be half-changed: reload and apply the others.
+                skip.insert(i);
+                continue;
+            }
+            for a in &applied {
+                self.metrics
+                    .events
+                    .with_label_values(&[applied_label(a)])
+                    .inc();
+            }
+            if !applied.contains(&Applied::Changed) {
+                // Nothing changed (duplicates): the mirror must still hold this version before
+                // the messages are acked (a commit whose mirror write failed is redelivered).
+                self.mirror_if_behind(&current, version).await?;
+                break applied;
+            }
+            let outbox = self.outbox_for(&effects).await?;
+            if finishes(&effects) {
+                self.write_results(&current).await?;
+                wrote_results = true;
+            }
+            match self.store.commit(&current, version, &outbox).await? {
+                CasOutcome::Committed => {
+                    worker::faults::point("coordinator.after_commit").await;
+                    // Before any message this commit consumed is acked.
+                    self.mirror(&current, version + 1).await?;
+                    self.after_commit(&current, &effects);
+                    self.watch(run, &effects).await;
+                    self.stop_jobs(&effects).await;
+                    if !outbox.is_empty() {
+                        self.outbox_ready.notify_one();
+                    }
+                    if current.status.is_terminal() && current.pending_jobs().next().is_none() {
+                        self.forget_run(run);
+                    }
+                    return Ok(applied);
+                }
+                CasOutcome::Conflict => {
+                    self.metrics.cas_conflicts.inc();
+                    debug!(run = %run, "state changed under us; re-applying");
+                }
+            }
+        };
+        if wrote_results {
+            let committed = self.load(run).await?;
+            if committed.status.is_terminal() {
+                self.write_results(&committed).await?;
+            } else {
+                self.remove_results(&committed).await;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Serialises this coordinator's writes to one run (other coordinators are fenced by CAS).
+    fn run_lock(&self, run: &RunId) -> Arc<tokio::sync::Mutex<()>> {
+        self.run_locks
+            .lock()
+            .expect("run locks")
+            .entry(run.clone())
+            .or_default()
+            .clone()
+    }
+
+    fn forget_run(&self, run: &RunId) {
+        self.run_locks.lock().expect("run locks").remove(run);
+        self.mirrored.lock().expect("mirror times").remove(run);
+    }
+
+    fn result_files(state: &RunState) -> Vec<(String, serde_json::Value)> {
+        let Some(result) = &state.result else {
+            return Vec::new();
+        };
+        let prefix = format!("runs/{}/", state.run_id);
+        let mut files = vec![(format!("{prefix}result.json"), result.clone())];
+        if state.graph_name == "factory" && result.get("verdict").is_some() {
+            files.push((format!("{prefix}run_summary.json"), result.clone()));
+        }
+        files
+    }
+
+    async fn write_results(&self, state: &RunState) -> Result<(), DriverError> {
+        for (key, value) in Self::result_files(state) {
+            self.blobs.put_json(&key, &value).await?;
+        }
+        Ok(())
+    }
+
+    async fn remove_results(&self, state: &RunState) {
+        let prefix = format!("runs/{}/", state.run_id);
+        for name in ["result.json", "run_summary.json"] {
+            if let Err(e) = self.blobs.delete(&format!("{prefix}{name}")).await {
+                warn!(run = %state.run_id, error = %e, "could not remove a result file of a lost race");
+            }
+        }
+    }
+
+    /// Tells the workers to stop jobs their run no longer needs (best effort: a job that is
+    /// not stopped finishes and its result is ignored).
+    async fn stop_jobs(&self, effects: &[Effect]) {
+        for fx in effects {
+            if let Effect::StopJobs(jobs) = fx {
+                let control = shared::messages::Control {
+                    v: WIRE_VERSION,
+                    stop_jobs: jobs.clone(),
+                };
+                let body = serde_json::to_vec(&control).expect("control serializes");
+                if let Err(e) = self.broker.broadcast(&body).await {
+                    warn!(error = %e, count = jobs.len(), "could not ask the workers to stop jobs");
+                }
+            }
+        }
+    }
+
+    /// Logs and counts the runs a commit finished.
+    fn after_commit(&self, state: &RunState, effects: &[Effect]) {
+        for fx in effects {
+            if let Effect::Finished { status, .. } = fx {
+                tracing::info!(run = %state.run_id, status = ?status, "run finished");
+                self.metrics
+                    .runs_finished
+                    .with_label_values(&[&format!("{status:?}").to_lowercase()])
+                    .inc();
+            }
+        }
+    }
+
+    pub async fn load(&self, run: &RunId) -> Result<RunState, DriverError> {
+        Ok(self.load_versioned(run).await?.0)
+    }
+
+    pub async fn decide(
+        &self,
+        run: &RunId,
+        node: &str,
+        approved: bool,
+        by: &str,
+        comment: &str,
+    ) -> Result<Applied, DriverError> {
+        let event = Event::Decide {
+            node: shared::ids::NodeId::new(node),
+            approved,
+            by: by.to_string(),
+            comment: comment.to_string(),
+            at: now(),
+        };
+        self.apply(run, &event).await
+    }
+
+    pub async fn cancel(&self, run: &RunId) -> Result<Applied, DriverError> {
+        self.apply(run, &Event::Cancel { at: now() }).await
+    }
+
+    /// Runs the relay and both consumers until shutdown.
+    pub async fn serve(self: Arc<Self>, shutdown: CancellationToken) {
+        let relay = tokio::spawn(self.clone().relay(shutdown.clone()));
+        let results = tokio::spawn(self.clone().consume(QueueName::Results, shutdown.clone()));
+        let dead = tokio::spawn(self.clone().consume(QueueName::DeadJobs, shutdown.clone()));
+        let watchdog = tokio::spawn(self.clone().watchdog(shutdown.clone()));
+        let recovery = tokio::spawn(self.clone().recover_lost_runs(shutdown.clone()));
+        let _ = tokio::join!(relay, results, dead, watchdog, recovery);
+    }
+}
+
+/// Does the transition write the run's result (a finish, or a late advisory report)?
+fn finishes(effects: &[Effect]) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::Finished { .. } | Effect::ResultUpdated { .. }))
+}
+
+fn applied_label(a: &Applied) -> &'static str {
+    match a {
+        Applied::Changed => "changed",
+        Applied::Duplicate => "duplicate",
+        Applied::Stale { .. } => "stale",
+        Applied::Ignored(_) => "ignored",
+    }
+}

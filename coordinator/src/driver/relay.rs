@@ -1,0 +1,128 @@
+//! The outbox relay: claims outbox messages into this coordinator's in-flight list, publishes
+//! them with confirms and forgets them only once the broker has them. A lease (refreshed by
+//! its own task, also while publishing is retried) keeps the in-flight list this coordinator's;
+//! in-flight lists of coordinators whose lease lapsed go back to the outbox, and at start a
+//! coordinator takes back its own (left by an earlier process with the same id).
+
+use super::Coordinator;
+use shared::ports::OutboxMessage;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+use worker::queue::QueueName;
+
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
+const RECOVER_EVERY: Duration = Duration::from_secs(5);
+
+impl Coordinator {
+    /// Refreshes this coordinator's lease on its in-flight outbox list until shutdown.
+    pub(super) async fn heartbeat(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            if let Err(e) = self.store.heartbeat(&self.id).await {
+                warn!(error = %e, "could not refresh the outbox lease");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
+            }
+        }
+    }
+
+    /// Publishes outbox messages with confirms; forgets each one only after the broker has it.
+    pub async fn relay(self: Arc<Self>, shutdown: CancellationToken) {
+        tokio::spawn(self.clone().heartbeat(shutdown.clone()));
+        loop {
+            match self.store.outbox_reclaim_own(&self.id).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    info!(
+                        moved = n,
+                        "took back outbox messages an earlier process with this id had in flight"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    warn!(error = %e, "could not take back this id's in-flight messages; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+        let mut last_recover: Option<std::time::Instant> = None;
+        loop {
+            if last_recover.is_none_or(|t| t.elapsed() > RECOVER_EVERY) {
+                match self.store.outbox_recover(&self.id).await {
+                    Ok(0) => {}
+                    Ok(n) => info!(
+                        moved = n,
+                        "recovered outbox messages of a stopped coordinator"
+                    ),
+                    Err(e) => warn!(error = %e, "outbox recovery failed"),
+                }
+                last_recover = Some(std::time::Instant::now());
+            }
+            let batch = match self.store.outbox_claim(&self.id, 256).await {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "outbox claim failed; retrying");
+                    Vec::new()
+                }
+            };
+            if !batch.is_empty() {
+                worker::faults::point("coordinator.after_claim").await;
+            }
+            if !self.publish_batch(&batch, &shutdown).await {
+                return;
+            }
+            if !batch.is_empty() {
+                worker::faults::point("coordinator.after_publish").await;
+                if let Err(e) = self.store.outbox_done(&self.id, &batch).await {
+                    warn!(error = %e, "could not forget published outbox messages; they may be published twice");
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.outbox_ready.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+
+    /// Publishes the whole batch and waits for every confirm, retrying the batch on failure
+    /// (duplicates are harmless: job ids are deterministic and results deduplicated). False
+    /// when shut down before the broker had it.
+    async fn publish_batch(&self, batch: &[String], shutdown: &CancellationToken) -> bool {
+        let mut messages = Vec::new();
+        for raw in batch {
+            match serde_json::from_str::<OutboxMessage>(raw) {
+                Ok(OutboxMessage::Job(env)) => {
+                    let body = serde_json::to_vec(&env).expect("envelope serializes");
+                    messages.push((body, format!("{}.a{}", env.job_id, env.attempt)));
+                }
+                Err(e) => error!(error = %e, "dropping a malformed outbox message"),
+            }
+        }
+        let mut delay = Duration::from_millis(250);
+        while !messages.is_empty() {
+            match self.broker.publish_many(QueueName::Jobs, &messages).await {
+                Ok(()) => {
+                    self.metrics.jobs_published.inc_by(messages.len() as u64);
+                    break;
+                }
+                Err(e) => {
+                    info!(error = %e, count = messages.len(), retry_in = ?delay, "publish failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return false,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,157 @@
+//! Deadlines of jobs and their re-issue. A job is watched twice: from its publish (it may
+//! wait in the queue for its own timeout plus `queue_grace`) and, if it announces its start,
+//! from the start (its timeout plus `reissue_grace`). A passed deadline becomes a `Reissue`
+//! event; the engine ignores the ones a later start, a result or a newer attempt superseded.
+//! A due deadline is leased, not removed, until the event is applied: a coordinator that dies
+//! in between leaves it to the next.
+
+use super::{now, Coordinator, DriverError};
+use shared::engine::{Applied, Effect, Event};
+use shared::ids::{JobId, RunId};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// Seconds a due deadline is leased to the coordinator acting on it.
+const LEASE_SECONDS: i64 = 30;
+
+/// A deadline as stored: `<run>|<job>|<attempt>|<started_at>` (empty `started_at`: queued).
+struct Watch<'a> {
+    run: &'a str,
+    job: &'a str,
+    attempt: u32,
+    started_at: &'a str,
+}
+
+impl<'a> Watch<'a> {
+    fn parse(raw: &'a str) -> Option<Self> {
+        let mut parts = raw.splitn(4, '|');
+        let (run, job, attempt, started_at) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        Some(Watch {
+            run,
+            job,
+            attempt: attempt.parse().ok()?,
+            started_at,
+        })
+    }
+}
+
+fn encode(run: &RunId, job: &JobId, attempt: u32, started_at: &str) -> String {
+    format!("{run}|{job}|{attempt}|{started_at}")
+}
+
+impl Coordinator {
+    /// Records the deadlines of the jobs a transition published or saw start.
+    pub(super) async fn watch(&self, run: &RunId, effects: &[Effect]) {
+        let now = chrono::Utc::now().timestamp();
+        let secs = |d: Duration| d.as_secs() as i64;
+        let mut watches = Vec::new();
+        for fx in effects {
+            match fx {
+                Effect::Watch {
+                    job_id,
+                    attempt,
+                    started_at,
+                    timeout_seconds,
+                } => watches.push((
+                    encode(run, job_id, *attempt, started_at),
+                    now + *timeout_seconds as i64 + secs(self.reissue_grace),
+                )),
+                Effect::Publish(spec) => watches.push((
+                    encode(run, &spec.job_id, spec.attempt, ""),
+                    now + spec.timeout_seconds as i64 + secs(self.queue_grace),
+                )),
+                _ => {}
+            }
+        }
+        if let Err(e) = self.store.watch(&watches).await {
+            warn!(run = %run, count = watches.len(), error = %e, "could not record job deadlines");
+        }
+    }
+
+    /// Re-issues jobs whose deadline passed without a result (a hung or cut-off worker, a
+    /// message that never reached a worker).
+    pub(super) async fn watchdog(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let due = match self
+                .store
+                .due(chrono::Utc::now().timestamp(), 100, LEASE_SECONDS)
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(error = %e, "watchdog could not read deadlines");
+                    continue;
+                }
+            };
+            for raw in due {
+                if self.act_on(&raw).await {
+                    if let Err(e) = self.store.unwatch(&raw).await {
+                        warn!(error = %e, "could not forget a deadline acted on; it comes back and is ignored");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies one passed deadline; false when it must be tried again.
+    async fn act_on(&self, raw: &str) -> bool {
+        let Some(w) = Watch::parse(raw) else {
+            warn!(watch = raw, "dropping a malformed deadline");
+            return true;
+        };
+        let event = Event::Reissue {
+            job_id: JobId::new(w.job),
+            attempt: w.attempt,
+            started_at: w.started_at.to_string(),
+            at: now(),
+        };
+        match self.apply(&RunId::new(w.run), &event).await {
+            Ok(Applied::Changed) => {
+                let queued = w.started_at.is_empty();
+                warn!(
+                    run = w.run,
+                    job = w.job,
+                    attempt = w.attempt,
+                    queued,
+                    "job passed its deadline; re-issued"
+                );
+                self.metrics.reissued.inc();
+                true
+            }
+            Ok(_) | Err(DriverError::UnknownRun(_)) => true,
+            Err(e) => {
+                warn!(run = w.run, job = w.job, error = %e, "could not re-issue a job; trying again");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_round_trips_and_junk_is_refused() {
+        let raw = encode(
+            &RunId::new("r1"),
+            &JobId::new("r1.se.1"),
+            2,
+            "2026-01-01T00:00:00Z",
+        );
+        let w = Watch::parse(&raw).unwrap();
+        assert_eq!((w.run, w.job, w.attempt), ("r1", "r1.se.1", 2));
+        assert_eq!(w.started_at, "2026-01-01T00:00:00Z");
+        let queued = encode(&RunId::new("r1"), &JobId::new("j"), 1, "");
+        assert_eq!(Watch::parse(&queued).unwrap().started_at, "");
+        assert!(Watch::parse("r|j|x|t").is_none());
+        assert!(Watch::parse("r|j").is_none());
+    }
+}

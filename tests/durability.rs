@@ -1,0 +1,362 @@
+//! Faults at named points of the job path, on the real stack: a worker killed at four points,
+//! Redis lost (`SHUTDOWN NOSAVE`, restarted empty) at three, a coordinator killed between
+//! claiming outbox messages and the broker's confirm. Each process stops at its point
+//! (`FLEET_FAULT_PAUSE`, see `worker::faults`) and the test acts when the point's marker
+//! appears, so nothing here waits on a guess.
+
+use fleet_tests::private_redis::PrivateRedis;
+use fleet_tests::stack::{containers, make_calc_repo, Stack, StackConfig};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const TWO_STEPS: &str = r#"
+name: two-steps
+start: first
+defaults: {image: "fleet-agent-py:1", timeout_seconds: 60}
+nodes:
+  first:
+    kind: command
+    commands: ["true"]
+    worktree: {from: base, mode: ro}
+    routes: [{to: second}]
+  second:
+    kind: command
+    commands: ["true"]
+    worktree: {from: base, mode: ro}
+    routes: [{to: done}]
+  done: {kind: exit, status: first.ok and second.ok}
+"#;
+
+const FORK: &str = r#"
+name: fork
+start: split
+defaults: {image: "fleet-agent-py:1", timeout_seconds: 60}
+nodes:
+  split:
+    kind: command
+    commands: ["true"]
+    worktree: {from: base, mode: ro}
+    routes: [{to: [fast, slow]}]
+  fast:
+    kind: command
+    commands: ["true"]
+    worktree: {from: base, mode: ro}
+    routes: [{to: both}]
+  slow:
+    kind: command
+    commands: ["sleep 6"]
+    worktree: {from: base, mode: ro}
+    routes: [{to: both}]
+  both:
+    kind: join
+    wait_for: [fast, slow]
+    routes: [{to: done}]
+  done: {kind: exit, status: fast.ok and slow.ok}
+"#;
+
+struct Faults {
+    dir: tempfile::TempDir,
+}
+
+impl Faults {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Faults {
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    fn dir(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+
+    /// Waits until a process reached the point `name` and stopped there.
+    async fn reached(&self, name: &str, timeout: Duration) -> anyhow::Result<()> {
+        let marker = self.dir.path().join(format!("{name}.reached"));
+        let deadline = Instant::now() + timeout;
+        while !marker.exists() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "fault point {name} not reached in {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    fn resume(&self, name: &str) -> anyhow::Result<()> {
+        std::fs::write(self.dir.path().join(format!("{name}.resume")), b"")?;
+        Ok(())
+    }
+}
+
+fn write_graph(dir: &Path, name: &str, yaml: &str) -> anyhow::Result<String> {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d)?;
+    std::fs::write(d.join("graph.yaml"), yaml)?;
+    Ok(d.join("graph.yaml").display().to_string())
+}
+
+fn submit(stack: &Stack, yaml: &str, name: &str) -> anyhow::Result<String> {
+    let dir = stack.dir.path();
+    let graph = write_graph(dir, name, yaml)?;
+    let repo = make_calc_repo(dir)?.display().to_string();
+    let input = dir.join(format!("input-{name}.json"));
+    std::fs::write(&input, serde_json::to_vec(&json!({"name": name}))?)?;
+    let script = dir.join("empty-script.json");
+    std::fs::write(&script, "{}")?;
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &graph,
+        "--repo",
+        &repo,
+        "--input",
+        &input.display().to_string(),
+        "--script",
+        &script.display().to_string(),
+    ])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    Ok(out.stdout.trim().to_string())
+}
+
+/// The nodes with a result in the run's log, in order: each job's result applied once.
+async fn applied_nodes(stack: &Stack, run: &str) -> anyhow::Result<Vec<String>> {
+    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    Ok(logs
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["node"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+fn job_folders(work_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(work_dir.join("jobs"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// A worker killed (SIGKILL) at `point` on a two-step run, then started again with the same
+/// id: the run succeeds, each step's result is applied once, nothing of the killed execution
+/// is left on the host.
+async fn worker_killed_at(point: &str) -> anyhow::Result<()> {
+    let faults = Faults::new()?;
+    let fault_dir = faults.dir();
+    let mut stack = Stack::start_config(StackConfig {
+        tag: "wkill",
+        workers: 1,
+        concurrency: 1,
+        worker_env: &[
+            ("FLEET_FAULT_PAUSE", point),
+            ("FLEET_FAULT_DIR", &fault_dir),
+        ],
+        ..StackConfig::default()
+    })
+    .await?;
+    let worker = stack.worker_ids()[0].clone();
+    let run = submit(&stack, TWO_STEPS, "two")?;
+    faults.reached(point, Duration::from_secs(60)).await?;
+    stack.kill_worker(&worker)?;
+    stack.worker_env.clear();
+    stack.start_worker(&worker)?;
+
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    assert_eq!(status["status"], "succeeded", "killed at {point}: {status}");
+    assert_eq!(
+        applied_nodes(&stack, &run).await?,
+        vec!["first", "second"],
+        "killed at {point}: each job's result applied exactly once"
+    );
+    assert_eq!(status["visits"]["first"], 1, "{status}");
+    assert_eq!(status["visits"]["second"], 1, "{status}");
+    // The restarted worker reaped what the killed one left.
+    let label = format!("fleet.worker={worker}");
+    let work_dir = stack.dir.path().join(format!("work-{worker}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = containers(&label);
+        let folders = job_folders(&work_dir);
+        if left.is_empty() && folders.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "killed at {point}: left behind containers {left:?}, job folders {folders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_before_its_container_starts_loses_nothing() -> anyhow::Result<()> {
+    worker_killed_at("worker.before_container").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_run_loses_nothing_and_leaves_nothing() -> anyhow::Result<()> {
+    worker_killed_at("worker.mid_run").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_after_storing_its_result_but_before_the_ack_is_applied_once(
+) -> anyhow::Result<()> {
+    worker_killed_at("worker.after_store").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_after_the_ack_loses_nothing() -> anyhow::Result<()> {
+    worker_killed_at("worker.after_ack").await
+}
+
+/// A stack on a Redis of its own, with the coordinator armed to stop at `point` (if any).
+async fn stack_on_private_redis(
+    redis: &PrivateRedis,
+    faults: &Faults,
+    point: Option<&str>,
+) -> anyhow::Result<Stack> {
+    let url = redis.url();
+    let fault_dir = faults.dir();
+    let armed = [
+        ("FLEET_FAULT_PAUSE", point.unwrap_or_default()),
+        ("FLEET_FAULT_DIR", fault_dir.as_str()),
+    ];
+    Stack::start_config(StackConfig {
+        tag: "rlost",
+        workers: 2,
+        concurrency: 2,
+        common_env: &[("FLEET_REDIS", &url)],
+        coordinator_env: if point.is_some() { &armed } else { &[] },
+        ..StackConfig::default()
+    })
+    .await
+}
+
+fn succeeded_with_every_node_once(status: &Value, nodes: &[&str]) {
+    assert_eq!(status["status"], "succeeded", "{status}");
+    for n in nodes {
+        assert_eq!(status["visits"][n], 1, "{n} ran one visit: {status}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_between_a_commit_and_its_mirror_write_the_run_still_succeeds(
+) -> anyhow::Result<()> {
+    let mut redis = PrivateRedis::start()?;
+    let faults = Faults::new()?;
+    let stack = stack_on_private_redis(&redis, &faults, Some("coordinator.after_commit")).await?;
+    let run = submit(&stack, TWO_STEPS, "mirror")?;
+    // The first commit after the run's creation (a start notice or a result) stops there.
+    faults
+        .reached("coordinator.after_commit", Duration::from_secs(60))
+        .await?;
+    redis.lose_everything().await?;
+    assert_eq!(redis.key_count().await?, 0);
+    faults.resume("coordinator.after_commit")?;
+
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    succeeded_with_every_node_once(&status, &["first", "second"]);
+    let metrics = stack.get_text("/metrics").await?;
+    assert!(metrics.contains("fleet_runs_restored_total 1"), "{metrics}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_with_jobs_in_the_outbox_and_the_relay_dead_the_run_still_succeeds(
+) -> anyhow::Result<()> {
+    let mut redis = PrivateRedis::start()?;
+    let faults = Faults::new()?;
+    let mut stack =
+        stack_on_private_redis(&redis, &faults, Some("coordinator.after_claim")).await?;
+    let run = submit(&stack, TWO_STEPS, "outbox")?;
+    // The first job is claimed from the outbox, not yet published; the coordinator dies and
+    // Redis loses the claimed list with everything else: only the mirror knows of the job.
+    faults
+        .reached("coordinator.after_claim", Duration::from_secs(60))
+        .await?;
+    stack.kill_coordinator()?;
+    redis.lose_everything().await?;
+    stack.coordinator_env.clear();
+    stack.restart_coordinator().await?;
+
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    succeeded_with_every_node_once(&status, &["first", "second"]);
+    let log = std::fs::read_to_string(stack.log_dir.join("coordinator-2.log"))?;
+    assert!(
+        log.contains("restored runs the run store had lost"),
+        "{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_with_a_join_half_full_the_join_fires_once() -> anyhow::Result<()> {
+    let mut redis = PrivateRedis::start()?;
+    let faults = Faults::new()?;
+    let stack = stack_on_private_redis(&redis, &faults, None).await?;
+    let run = submit(&stack, FORK, "fork")?;
+    // Wait on the run's state until one branch arrived at the join and the other is running.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = stack.get(&format!("/v1/runs/{run}")).await?;
+        let arrived = st["joins"]["both"]["arrived"]
+            .as_array()
+            .map(|a| a.len())
+            .unwrap_or(0);
+        if arrived == 1 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the join never got half full: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    redis.lose_everything().await?;
+
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    succeeded_with_every_node_once(&status, &["split", "fast", "slow", "both"]);
+    assert_eq!(status["joins"]["both"]["fired"], 1, "{status}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_between_claim_and_confirm_and_restarted_with_its_id_loses_nothing(
+) -> anyhow::Result<()> {
+    let faults = Faults::new()?;
+    let fault_dir = faults.dir();
+    let id = format!("coord-{}", std::process::id());
+    let mut stack = Stack::start_config(StackConfig {
+        tag: "cclaim",
+        workers: 1,
+        concurrency: 2,
+        coordinator_env: &[
+            ("FLEET_COORDINATOR_ID", &id),
+            ("FLEET_FAULT_PAUSE", "coordinator.after_claim"),
+            ("FLEET_FAULT_DIR", &fault_dir),
+        ],
+        ..StackConfig::default()
+    })
+    .await?;
+    let run = submit(&stack, TWO_STEPS, "claim")?;
+    faults
+        .reached("coordinator.after_claim", Duration::from_secs(60))
+        .await?;
+    stack.kill_coordinator()?;
+    // Same configuration, same id, no fault: it takes back its own in-flight list at start
+    // (its lease key may still be alive, which hides the list from everybody else).
+    stack.coordinator_env = vec![("FLEET_COORDINATOR_ID".into(), id.clone())];
+    stack.restart_coordinator().await?;
+
+    let status = stack.wait_run(&run, Duration::from_secs(60)).await?;
+    succeeded_with_every_node_once(&status, &["first", "second"]);
+    assert_eq!(
+        applied_nodes(&stack, &run).await?,
+        vec!["first", "second"],
+        "duplicates dropped"
+    );
+    Ok(())
+}
