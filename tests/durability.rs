@@ -360,3 +360,40 @@ async fn a_coordinator_killed_between_claim_and_confirm_and_restarted_with_its_i
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_runs_leave_redis_after_their_retention_and_read_back_from_the_mirror(
+) -> anyhow::Result<()> {
+    let stack = Stack::start_config(StackConfig {
+        tag: "retain",
+        workers: 1,
+        coordinator_env: &[("FLEET_RUN_RETENTION_SECONDS", "2")],
+        ..StackConfig::default()
+    })
+    .await?;
+    let run = submit(&stack, TWO_STEPS, "retained")?;
+    let status = stack.wait_run(&run, Duration::from_secs(60)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let client = redis::Client::open(fleet_tests::stack::REDIS_URL)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let key = format!("{}:run:{run}", stack.ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        if !exists {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the finished run stayed in redis"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Read again, it comes back from object storage, finished as it was.
+    let again = stack.get(&format!("/v1/runs/{run}")).await?;
+    assert_eq!(again["status"], "succeeded", "{again}");
+    Ok(())
+}

@@ -67,6 +67,10 @@ pub trait RunStore: Send + Sync {
         -> Result<Vec<String>, PortError>;
     /// Forgets a watch once its deadline was acted on.
     async fn unwatch(&self, watch: &str) -> Result<(), PortError>;
+    /// Up to `max` runs created before `before_ms` (unix milliseconds), oldest first.
+    async fn created_before(&self, before_ms: i64, max: usize) -> Result<Vec<RunId>, PortError>;
+    /// Forgets a run (its state and its place in the list).
+    async fn remove(&self, run: &RunId) -> Result<(), PortError>;
     /// Does the store hold the run?
     async fn exists(&self, run: &RunId) -> Result<bool, PortError>;
     /// The store's epoch: a token set once when the store is first used (to `candidate`) and

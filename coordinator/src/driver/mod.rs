@@ -10,6 +10,7 @@
 mod inbox;
 mod mirror;
 mod relay;
+mod retention;
 mod watchdog;
 
 use crate::metrics::CoordinatorMetrics;
@@ -58,6 +59,8 @@ pub struct Coordinator {
     /// Time a published job may wait in the queue (plus its own timeout) before the watchdog
     /// issues it again.
     pub queue_grace: Duration,
+    /// Finished runs leave the run store this long after they were created.
+    pub run_retention: Duration,
     /// The version of each run this coordinator last mirrored.
     mirrored: Mutex<HashMap<RunId, u64>>,
 }
@@ -80,6 +83,9 @@ pub fn unique_id() -> String {
         nanos & 0xffff_ffff
     )
 }
+
+/// Graph bundles a coordinator keeps in memory at most.
+const GRAPH_CACHE_MAX: usize = 256;
 
 fn env_seconds(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -120,6 +126,10 @@ impl Coordinator {
             run_locks: Mutex::new(HashMap::new()),
             inbox: Mutex::new(inbox::Inbox::default()),
             reissue_grace: Duration::from_secs(env_seconds("FLEET_REISSUE_GRACE_SECONDS", 60)),
+            run_retention: Duration::from_secs(env_seconds(
+                "FLEET_RUN_RETENTION_SECONDS",
+                7 * 24 * 3600,
+            )),
             queue_grace: Duration::from_secs(env_seconds("FLEET_QUEUE_GRACE_SECONDS", 6 * 3600)),
             mirrored: Mutex::new(HashMap::new()),
         }
@@ -130,10 +140,12 @@ impl Coordinator {
             return Ok(b.clone());
         }
         let b: Arc<GraphBundle> = Arc::new(self.blobs.get_json(key).await?);
-        self.graphs
-            .lock()
-            .expect("graph cache")
-            .insert(key.to_string(), b.clone());
+        let mut cache = self.graphs.lock().expect("graph cache");
+        // Bundles are content-addressed and cheap to fetch again: a bound, not an LRU.
+        if cache.len() >= GRAPH_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key.to_string(), b.clone());
         Ok(b)
     }
 
@@ -395,7 +407,8 @@ impl Coordinator {
         let dead = tokio::spawn(self.clone().consume(QueueName::DeadJobs, shutdown.clone()));
         let watchdog = tokio::spawn(self.clone().watchdog(shutdown.clone()));
         let recovery = tokio::spawn(self.clone().recover_lost_runs(shutdown.clone()));
-        let _ = tokio::join!(relay, results, dead, watchdog, recovery);
+        let retention = tokio::spawn(self.clone().retention(shutdown.clone()));
+        let _ = tokio::join!(relay, results, dead, watchdog, recovery, retention);
     }
 }
 

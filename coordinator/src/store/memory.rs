@@ -124,6 +124,19 @@ impl RunStore for MemoryRunStore {
         Ok(())
     }
 
+    async fn created_before(&self, _before_ms: i64, max: usize) -> Result<Vec<RunId>, PortError> {
+        // The embedded store lives as long as its process: nothing is old enough to prune.
+        let _ = max;
+        Ok(Vec::new())
+    }
+
+    async fn remove(&self, run: &RunId) -> Result<(), PortError> {
+        let mut g = self.inner.lock().expect("store lock");
+        g.runs.remove(run);
+        g.order.retain(|r| r != run);
+        Ok(())
+    }
+
     async fn exists(&self, run: &RunId) -> Result<bool, PortError> {
         Ok(self
             .inner

@@ -356,6 +356,37 @@ impl RunStore for RedisRunStore {
         Ok(())
     }
 
+    async fn created_before(&self, before_ms: i64, max: usize) -> Result<Vec<RunId>, PortError> {
+        let key = self.runs_key();
+        let ids: Vec<String> = timed("created before", &self.conn, |mut c| {
+            let key = key.clone();
+            async move {
+                c.zrangebyscore_limit(key, "-inf", before_ms, 0, max as isize)
+                    .await
+            }
+        })
+        .await?;
+        Ok(ids.into_iter().map(RunId::new).collect())
+    }
+
+    async fn remove(&self, run: &RunId) -> Result<(), PortError> {
+        let (run_key, runs_key) = (self.run_key(run), self.runs_key());
+        timed("remove", &self.conn, |mut c| {
+            let (run_key, runs_key) = (run_key.clone(), runs_key.clone());
+            async move {
+                redis::pipe()
+                    .atomic()
+                    .del(&run_key)
+                    .ignore()
+                    .zrem(&runs_key, run.as_str())
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
+            }
+        })
+        .await
+    }
+
     async fn exists(&self, run: &RunId) -> Result<bool, PortError> {
         let key = self.run_key(run);
         timed("exists", &self.conn, |mut c| {
