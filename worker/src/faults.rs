@@ -41,7 +41,10 @@ pub async fn point(name: &str) {
     if armed.name != name || armed.fired.swap(true, Ordering::SeqCst) {
         return;
     }
-    warn!(point = name, "fault point reached; pausing until told to resume");
+    warn!(
+        point = name,
+        "fault point reached; pausing until told to resume"
+    );
     let reached = armed.dir.join(format!("{name}.reached"));
     if let Err(e) = std::fs::write(&reached, b"") {
         warn!(point = name, error = %e, "could not mark the fault point");

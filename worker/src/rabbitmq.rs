@@ -12,12 +12,97 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use shared::ports::PortError;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Mutex};
 use tracing::{info, warn};
 
+/// Longest wait for the broker's confirms of one publish.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Deliveries of one job before RabbitMQ dead-letters it (a worker killed mid-job counts).
 pub const DELIVERY_LIMIT: i64 = 5;
+
+/// First pause before a reconnect; it doubles per failed attempt up to [`RECONNECT_CAP`].
+const RECONNECT_BASE: Duration = Duration::from_millis(200);
+/// Longest pause between two reconnect attempts.
+const RECONNECT_CAP: Duration = Duration::from_secs(10);
+/// An outage that lasts this long is worth one warning (reconnects before that are expected:
+/// a broker restart, a network blip) and are logged at INFO.
+const LONG_OUTAGE: Duration = Duration::from_secs(30);
+
+/// The pause before reconnect attempt `attempt` (0 for the first): exponential from
+/// [`RECONNECT_BASE`], capped at [`RECONNECT_CAP`], with "equal jitter": half of it fixed, the
+/// other half scaled by `jitter` (in 0..=1), so workers that lost the broker together do not
+/// all come back in the same instant.
+fn reconnect_delay(attempt: u32, jitter: f64) -> Duration {
+    let exp = RECONNECT_BASE
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(RECONNECT_CAP);
+    let half = exp / 2;
+    half + half.mul_f64(jitter.clamp(0.0, 1.0))
+}
+
+/// A number in 0..1 that differs between processes and calls (no `rand` crate needed).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The reconnect state of one connection loop: INFO per attempt (a reconnect is expected),
+/// backoff with jitter, and one WARN per outage once it has lasted [`LONG_OUTAGE`].
+#[derive(Default)]
+struct Outage {
+    attempt: u32,
+    since: Option<Instant>,
+    warned: bool,
+}
+
+impl Outage {
+    /// A connection attempt failed or a live connection broke: logs and returns the pause.
+    fn failed(&mut self, what: &str, error: &PortError) -> Duration {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let delay = reconnect_delay(self.attempt, jitter());
+        self.attempt = self.attempt.saturating_add(1);
+        let down = since.elapsed();
+        info!(
+            error = %error,
+            attempt = self.attempt,
+            backoff_ms = delay.as_millis() as u64,
+            down_s = down.as_secs(),
+            "{what} lost its connection, reconnecting"
+        );
+        if down >= LONG_OUTAGE && !self.warned {
+            self.warned = true;
+            let secs = down.as_secs();
+            warn!(
+                error = %error,
+                down_s = secs,
+                "{what} has been without RabbitMQ for {secs}s, still reconnecting"
+            );
+        }
+        delay
+    }
+
+    /// The connection is up again: the next outage starts from the first pause.
+    fn connected(&mut self, what: &str) {
+        if let Some(since) = self.since.take() {
+            info!(
+                attempts = self.attempt,
+                down_ms = since.elapsed().as_millis() as u64,
+                "{what} reconnected"
+            );
+        }
+        self.attempt = 0;
+        self.warned = false;
+    }
+}
 
 pub struct RabbitBroker {
     uri: String,
@@ -154,7 +239,7 @@ impl Broker for RabbitBroker {
     ) -> Result<(), PortError> {
         let ch = self.publish_channel().await?;
         let routing = queue.qualified(&self.namespace);
-        let outcome = async {
+        let publish = async {
             let mut confirms = Vec::with_capacity(messages.len());
             for (body, id) in messages {
                 let props = BasicProperties::default()
@@ -173,8 +258,16 @@ impl Broker for RabbitBroker {
                 }
             }
             Ok(())
-        }
-        .await;
+        };
+        // A broker that takes the messages but never confirms (blocked by a resource alarm)
+        // is an error the caller retries, not a hang that outlives its leases.
+        let outcome = match tokio::time::timeout(CONFIRM_TIMEOUT, publish).await {
+            Ok(r) => r,
+            Err(_) => Err(PortError::Connection(format!(
+                "the broker did not confirm {} message(s) within {CONFIRM_TIMEOUT:?}",
+                messages.len()
+            ))),
+        };
         if outcome.is_err() {
             self.drop_publish_channel().await;
         }
@@ -211,12 +304,13 @@ impl Broker for RabbitBroker {
         let uri = self.uri.clone();
         let exchange = control_exchange(&self.namespace);
         tokio::spawn(async move {
+            let mut outage = Outage::default();
             loop {
-                match listen_once(&uri, &exchange, &tx).await {
+                match listen_once(&uri, &exchange, &tx, &mut outage).await {
                     Ok(()) => return,
                     Err(e) => {
-                        warn!(error = %e, "control listener lost its connection, reconnecting");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let delay = outage.failed("control listener", &e);
+                        tokio::time::sleep(delay).await;
                     }
                 }
             }
@@ -229,14 +323,14 @@ impl Broker for RabbitBroker {
         let uri = self.uri.clone();
         let ns = self.namespace.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(200);
+            let mut outage = Outage::default();
+            let what = format!("consumer of {}", queue.qualified(&ns));
             loop {
-                match consume_once(&uri, &ns, queue, prefetch, &tx).await {
+                match consume_once(&uri, &ns, queue, prefetch, &tx, &mut outage).await {
                     Ok(()) => return, // the receiver is gone: shut down
                     Err(e) => {
-                        warn!(queue = ?queue, error = %e, backoff_ms = backoff.as_millis() as u64, "consumer lost its connection, reconnecting");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        let delay = outage.failed(&what, &e);
+                        tokio::time::sleep(delay).await;
                     }
                 }
             }
@@ -269,6 +363,7 @@ async fn listen_once(
     uri: &str,
     exchange: &str,
     tx: &mpsc::Sender<Vec<u8>>,
+    outage: &mut Outage,
 ) -> Result<(), PortError> {
     let conn = connect(uri).await?;
     let ch = conn.create_channel().await.map_err(conn_err)?;
@@ -306,6 +401,7 @@ async fn listen_once(
         )
         .await
         .map_err(conn_err)?;
+    outage.connected("control listener");
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery.map_err(conn_err)?;
         if tx.send(delivery.data).await.is_err() {
@@ -323,6 +419,7 @@ async fn consume_once(
     queue: QueueName,
     prefetch: u16,
     tx: &mpsc::Sender<Incoming>,
+    outage: &mut Outage,
 ) -> Result<(), PortError> {
     let conn = connect(uri).await?;
     let ch = conn.create_channel().await.map_err(conn_err)?;
@@ -339,6 +436,7 @@ async fn consume_once(
         )
         .await
         .map_err(conn_err)?;
+    outage.connected(&format!("consumer of {}", queue.qualified(ns)));
     info!(queue = %queue.qualified(ns), prefetch, "consuming");
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery.map_err(conn_err)?;
@@ -365,4 +463,57 @@ async fn consume_once(
         }
     }
     Err(PortError::Connection("consumer stream ended".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_pauses_grow_exponentially_up_to_the_cap() {
+        // Without jitter: half the exponential pause.
+        assert_eq!(reconnect_delay(0, 0.0), Duration::from_millis(100));
+        assert_eq!(reconnect_delay(1, 0.0), Duration::from_millis(200));
+        assert_eq!(reconnect_delay(2, 0.0), Duration::from_millis(400));
+        // With full jitter: the whole pause.
+        assert_eq!(reconnect_delay(0, 1.0), Duration::from_millis(200));
+        assert_eq!(reconnect_delay(3, 1.0), Duration::from_millis(1600));
+        // Capped, however long the outage.
+        for attempt in [6, 7, 20, 64, u32::MAX] {
+            let d = reconnect_delay(attempt, 1.0);
+            assert_eq!(d, RECONNECT_CAP, "attempt {attempt}");
+            assert!(reconnect_delay(attempt, 0.0) >= RECONNECT_CAP / 2);
+        }
+        // Out-of-range jitter is clamped.
+        assert_eq!(reconnect_delay(0, 7.0), Duration::from_millis(200));
+        assert_eq!(reconnect_delay(0, -1.0), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn jitter_is_in_range_and_varies() {
+        let xs: Vec<f64> = (0..64).map(|_| jitter()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)), "{xs:?}");
+        assert!(xs.windows(2).any(|w| w[0] != w[1]), "{xs:?}");
+    }
+
+    #[test]
+    fn an_outage_backs_off_and_a_reconnect_starts_over() {
+        let mut o = Outage::default();
+        let err = PortError::Connection("refused".into());
+        let first = o.failed("test", &err);
+        assert!(first <= Duration::from_millis(200));
+        for _ in 0..10 {
+            o.failed("test", &err);
+        }
+        let late = o.failed("test", &err);
+        assert!(
+            late >= RECONNECT_CAP / 2 && late <= RECONNECT_CAP,
+            "{late:?}"
+        );
+        assert!(o.since.is_some());
+        o.connected("test");
+        assert_eq!(o.attempt, 0);
+        assert!(o.since.is_none());
+        assert!(o.failed("test", &err) <= Duration::from_millis(200));
+    }
 }

@@ -2,7 +2,8 @@
 //! brief, whichever step failed (the SE's own output, TR's scope check or `git apply`, PO's
 //! verification or acceptance), is built by [`FailureBrief::new`]: the same fields, the excerpt
 //! cut to the last 40 lines and at most [`EXCERPT_CHARS`] characters, and the constraints
-//! reminder.
+//! reminder. Host paths of the worker (its job folders under `--work-dir`) never reach a brief:
+//! [`strip_host_paths`] rewrites them the way the job sees them, relative to its worktree.
 
 use super::{Stage, CONSTRAINTS_REMINDER};
 use crate::engine::Outcome;
@@ -34,12 +35,123 @@ impl FailureBrief {
     ) -> Self {
         Self {
             stage,
-            command,
+            command: command.map(|c| strip_host_paths(&c)),
             exit_code,
-            primary_error_excerpt: text::tail(excerpt, EXCERPT_LINES, EXCERPT_CHARS),
+            primary_error_excerpt: text::tail(
+                &strip_host_paths(excerpt),
+                EXCERPT_LINES,
+                EXCERPT_CHARS,
+            ),
             constraints_reminder: CONSTRAINTS_REMINDER.to_string(),
         }
     }
+}
+
+/// Is `name` a worker's job folder: `<job id>-a<attempt>-e<execution>-<nonce>`?
+fn is_job_folder(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let mut parts = name.rsplitn(4, '-');
+    let (Some(nonce), Some(exec), Some(attempt), Some(job)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    !job.is_empty()
+        && !nonce.is_empty()
+        && nonce.bytes().all(|b| b.is_ascii_alphanumeric())
+        && exec.strip_prefix('e').is_some_and(digits)
+        && attempt.strip_prefix('a').is_some_and(digits)
+}
+
+/// One absolute path as the job sees it, or `None` when it is not the worker's.
+fn job_view(path: &str) -> Option<String> {
+    let parts: Vec<&str> = path.split('/').collect();
+    let rest = |from: usize| parts[from.min(parts.len())..].join("/");
+    for i in 0..parts.len().saturating_sub(1) {
+        if parts[i] == "jobs" && is_job_folder(parts[i + 1]) {
+            let inside = rest(i + 3);
+            return Some(match parts.get(i + 2).copied() {
+                // The worktree: what the agent and its commands call the current folder.
+                Some("wt") if inside.is_empty() => ".".to_string(),
+                Some("wt") => inside,
+                // The harness folder is `/fleet` in the job's container.
+                Some("harness") => format!("/fleet/{inside}").trim_end_matches('/').to_string(),
+                None | Some("") => "<job>".to_string(),
+                Some(_) => format!("<job>/{}", rest(i + 2)),
+            });
+        }
+        if parts[i] == "git" && parts[i + 1] == "mirror.git" {
+            let inside = rest(i + 2);
+            return Some(
+                format!("<git mirror>/{inside}")
+                    .trim_end_matches('/')
+                    .to_string(),
+            );
+        }
+    }
+    None
+}
+
+/// Characters that end a path in free text (error messages, tool and runner output).
+fn ends_path(c: char) -> bool {
+    c.is_whitespace()
+        || matches!(
+            c,
+            '"' | '\''
+                | '`'
+                | ':'
+                | ','
+                | ';'
+                | '('
+                | ')'
+                | '['
+                | ']'
+                | '{'
+                | '}'
+                | '<'
+                | '>'
+                | '|'
+                | '='
+        )
+}
+
+/// `text` with every host path of a worker's job folder rewritten as the job sees it: a path
+/// in its worktree relative to the worktree (`/tmp/fleet-worker-w1/jobs/r.po.1-a1-e1-ab12cd/wt/src/x.py`
+/// becomes `src/x.py`, the worktree itself `.`), its harness folder as `/fleet/...`, anything
+/// else of the job folder as `<job>/...`, the worker's git mirror as `<git mirror>/...`. Any
+/// other text is left as it is. Whatever the worker's `--work-dir`, its layout is recognised by
+/// the job folder's name.
+pub fn strip_host_paths(text: &str) -> String {
+    if !text.contains("/jobs/") && !text.contains("/mirror.git") {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut prev: Option<char> = None;
+    while let Some(i) = rest.find('/') {
+        let before = &rest[..i];
+        let boundary = before.chars().next_back().or(prev).is_none_or(ends_path);
+        out.push_str(before);
+        let candidate = &rest[i..];
+        let len = candidate.find(ends_path).unwrap_or(candidate.len());
+        let path = &candidate[..len];
+        if boundary {
+            match job_view(path) {
+                Some(view) => out.push_str(&view),
+                None => out.push_str(path),
+            }
+        } else {
+            out.push_str(path);
+        }
+        prev = path
+            .chars()
+            .next_back()
+            .or(before.chars().next_back())
+            .or(prev);
+        rest = &candidate[len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A brief as a step reported it: only the stage is required; the rest is rebuilt.
@@ -199,6 +311,96 @@ mod tests {
         );
         let last = json!({"ok": false, "status": "failed", "output": {"failure_brief": made}});
         assert_eq!(brief_for_next_attempt(&last), Some(made));
+    }
+
+    const WT: &str = "/tmp/fleet-worker-w1/jobs/r1.po.1-a2-e1-0a1b2c/wt";
+
+    #[test]
+    fn host_paths_of_the_worker_become_worktree_relative() {
+        let cases = [
+            (
+                format!("{WT}/calc.py:3: AssertionError"),
+                "calc.py:3: AssertionError".to_string(),
+            ),
+            (
+                format!("cannot open '{WT}/src/a b.py'"),
+                "cannot open 'src/a b.py'".into(),
+            ),
+            (format!("cd {WT} && pytest"), "cd . && pytest".into()),
+            (format!("{WT}/"), ".".into()),
+            (
+                "E   File \"/var/lib/fleet/work/jobs/r.tr.1-a1-e12-ff00ff/wt/pkg/m.py\", line 4"
+                    .into(),
+                "E   File \"pkg/m.py\", line 4".into(),
+            ),
+            (
+                "--junitxml=/srv/w/jobs/r.po.1-a1-e1-abcdef/harness/out/report.xml".into(),
+                "--junitxml=/fleet/out/report.xml".into(),
+            ),
+            (
+                "lock /srv/w/jobs/r.po.1-a1-e1-abcdef/git/index.lock".into(),
+                "lock <job>/git/index.lock".into(),
+            ),
+            (
+                "bad object in /tmp/fleet-worker-x/git/mirror.git/objects/pack".into(),
+                "bad object in <git mirror>/objects/pack".into(),
+            ),
+            // Not the worker's: left alone (the container's own paths among them).
+            (
+                "/work/calc.py:3: boom".into(),
+                "/work/calc.py:3: boom".into(),
+            ),
+            (
+                "see /home/u/jobs/notes.txt".into(),
+                "see /home/u/jobs/notes.txt".into(),
+            ),
+            (
+                "a/jobs/x-a1-e1-ab/wt/f".into(),
+                "a/jobs/x-a1-e1-ab/wt/f".into(),
+            ),
+            ("".into(), "".into()),
+        ];
+        for (text, want) in cases {
+            assert_eq!(strip_host_paths(&text), want, "{text}");
+            assert_eq!(strip_host_paths(&want), want, "idempotent: {want}");
+        }
+    }
+
+    #[test]
+    fn a_brief_carries_no_host_path() {
+        let excerpt = format!(
+            "Traceback:\n  {WT}/tests/test_calc.py:7: in test_add\nE assert 3 == 4\n\
+             error: could not open '{WT}/calc.py': Permission denied"
+        );
+        let b = FailureBrief::new(
+            Stage::VerifyFailed,
+            Some(format!("python -m pytest {WT}/tests")),
+            Some(1),
+            &excerpt,
+        );
+        let json = serde_json::to_string(&b).unwrap();
+        assert!(!json.contains("/tmp/"), "{json}");
+        assert!(!json.contains("fleet-worker"), "{json}");
+        assert!(b
+            .primary_error_excerpt
+            .contains("tests/test_calc.py:7: in test_add"));
+        assert!(b.primary_error_excerpt.contains("could not open 'calc.py'"));
+        assert_eq!(b.command.as_deref(), Some("python -m pytest tests"));
+        // Through the reported-brief and job-error paths as well.
+        let last = json!({"ok": false, "status": "error", "error": excerpt});
+        let b = brief_for_next_attempt(&last).unwrap();
+        assert!(!b.primary_error_excerpt.contains("/tmp/"), "{b:?}");
+    }
+
+    #[test]
+    fn job_folders_are_recognised_by_name() {
+        assert!(is_job_folder("r1.po.1-a2-e1-0a1b2c"));
+        assert!(is_job_folder("run-with-dashes.se.3-a1-e10-ffffff"));
+        assert!(!is_job_folder("notes"));
+        assert!(!is_job_folder("x-a1-e1-"));
+        assert!(!is_job_folder("-a1-e1-ab"));
+        assert!(!is_job_folder("x-b1-e1-ab"));
+        assert!(!is_job_folder("x-a1-ex-ab"));
     }
 
     #[test]

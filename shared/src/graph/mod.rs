@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// A graph plus every file it references (templates, schemas), keyed by path relative to the
-/// graph file. This is what travels: it is stored once under its hash.
+/// graph file. This is what travels: it is stored once under its hash. Unknown fields are
+/// refused, as in the graph itself.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct GraphBundle {
     pub source: String,
     pub graph: Graph,

@@ -237,12 +237,35 @@ pub struct Node {
 
 /// A write scope as written in the graph: expressions over the run context, each giving one glob
 /// or a list of globs (`input.spec.impl_path`, `input.work_order.allowed_files`), either as a
-/// bare list or with the special kinds of change the node may also make.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+/// bare list or with the special kinds of change the node may also make. Read by hand rather
+/// than as an untagged enum, so a misspelt field of the long form is named in the error.
+#[derive(Clone, Debug, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum Writes {
     Paths(Vec<String>),
     Full(WritesSpec),
+}
+
+impl<'de> Deserialize<'de> for Writes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+        struct Shape;
+        impl<'de> serde::de::Visitor<'de> for Shape {
+            type Value = Writes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a list of glob expressions, or {paths, symlinks, submodules, mode_changes}",
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Writes, A::Error> {
+                Vec::<String>::deserialize(SeqAccessDeserializer::new(seq)).map(Writes::Paths)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Writes, A::Error> {
+                WritesSpec::deserialize(MapAccessDeserializer::new(map)).map(Writes::Full)
+            }
+        }
+        d.deserialize_any(Shape)
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -353,4 +376,95 @@ pub(crate) fn parse(source: &str, yaml: &str) -> Result<Graph, Vec<CheckError>> 
             format!("malformed graph{location}: {e}"),
         )]
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(yaml: &str) -> Result<Node, String> {
+        serde_yaml::from_str::<Node>(yaml).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_misspelt_field_of_a_write_scope_is_named() {
+        let e = node("kind: agent\nwrites: {paths: [a], symlink: true}\n").unwrap_err();
+        assert!(e.contains("unknown field `symlink`"), "{e}");
+        let e = serde_json::from_str::<Writes>(r#"{"paths": [], "mode_change": true}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `mode_change`"), "{e}");
+        let e = node("kind: agent\nwrites: 3\n").unwrap_err();
+        assert!(e.contains("a list of glob expressions"), "{e}");
+    }
+
+    #[test]
+    fn both_forms_of_a_write_scope_read_as_before() {
+        let short = node("kind: agent\nwrites: [a, \"b ~ '/**'\"]\n").unwrap();
+        assert_eq!(
+            short.writes,
+            Some(Writes::Paths(vec!["a".into(), "b ~ '/**'".into()]))
+        );
+        let full = node("kind: agent\nwrites: {paths: [a], symlinks: true}\n").unwrap();
+        let spec = full.writes.unwrap().spec();
+        assert_eq!(spec.paths, vec!["a".to_string()]);
+        assert!(spec.symlinks && !spec.submodules && !spec.mode_changes);
+        // Round trip through JSON (how a bundle travels).
+        let w = Writes::Full(spec);
+        let back: Writes = serde_json::from_value(serde_json::to_value(&w).unwrap()).unwrap();
+        assert_eq!(back, w);
+        let w = Writes::Paths(vec![]);
+        let back: Writes = serde_json::from_value(serde_json::to_value(&w).unwrap()).unwrap();
+        assert_eq!(back, w);
+    }
+
+    #[test]
+    fn a_bundle_with_an_unknown_field_is_refused_naming_it() {
+        let graph =
+            serde_json::json!({"name": "g", "start": "a", "nodes": {"a": {"kind": "exit"}}});
+        let ok = serde_json::json!({"source": "g.yaml", "graph": graph, "files": {}});
+        assert!(serde_json::from_value::<crate::graph::GraphBundle>(ok.clone()).is_ok());
+        let mut bad = ok.clone();
+        bad["signature"] = serde_json::json!("x");
+        let e = serde_json::from_value::<crate::graph::GraphBundle>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `signature`"), "{e}");
+        let mut bad = ok;
+        bad["graph"]["nodes"]["a"]["timeout"] = serde_json::json!(5);
+        let e = serde_json::from_value::<crate::graph::GraphBundle>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `timeout`"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_anywhere_in_a_graph_are_named() {
+        let cases = [
+            ("name: g\nstart: a\nnodes: {}\nversion: 2\n", "version"),
+            ("name: g\nstart: a\ndefaults: {imag: x}\nnodes: {}\n", "imag"),
+            ("name: g\nstart: a\nnodes: {a: {kind: exit, retries: 1}}\n", "retries"),
+            (
+                "name: g\nstart: a\nnodes: {a: {kind: exit, routes: [{to: a, wen: x}]}}\n",
+                "wen",
+            ),
+            (
+                "name: g\nstart: a\nnodes: {a: {kind: agent, worktree: {from: base, comit: true}}}\n",
+                "comit",
+            ),
+            (
+                "name: g\nstart: a\nnodes: {a: {kind: agent, stuck: {signature: x, times: 2, to: a, after: 1}}}\n",
+                "after",
+            ),
+            (
+                "name: g\nstart: a\nnodes: {a: {kind: agent, claims: {language: python, define: x}}}\n",
+                "define",
+            ),
+        ];
+        for (yaml, field) in cases {
+            let e = parse("g.yaml", yaml).unwrap_err();
+            let text = e[0].to_string();
+            assert!(text.contains(&format!("unknown field `{field}`")), "{text}");
+        }
+    }
 }

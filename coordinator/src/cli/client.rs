@@ -1,0 +1,296 @@
+//! A typed client of the coordinator's HTTP API (`coordinator::api`): one method per endpoint,
+//! answers decoded into the structs below, an API error turned into its message and details.
+
+use crate::submit::SubmitRequest;
+use anyhow::{bail, Context};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use shared::engine::RunStatus;
+use shared::messages::Usage;
+use std::collections::BTreeMap;
+
+/// `POST /v1/runs`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Submitted {
+    pub run_id: String,
+    /// False when the same inputs were submitted before: the existing run is returned.
+    pub created: bool,
+}
+
+/// `GET /v1/runs/:id/summary`: the status without the job list.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub awaiting_approval: Vec<String>,
+    #[serde(default)]
+    pub visits: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub usage: Usage,
+    #[serde(default)]
+    pub jobs_total: u64,
+    #[serde(default)]
+    pub jobs_pending: u64,
+}
+
+/// `GET /v1/runs/:id/result` (a finished run).
+#[derive(Clone, Debug, Deserialize)]
+pub struct RunOutcome {
+    pub status: RunStatus,
+    #[serde(default)]
+    pub result: Value,
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+impl RunOutcome {
+    /// The result's verdict (`PASS`, ...), or the status in capitals.
+    pub fn verdict(&self) -> String {
+        self.result["verdict"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| status_name(self.status).to_uppercase())
+    }
+
+    pub fn ended_stage(&self) -> Option<&str> {
+        self.result["ended_stage"].as_str()
+    }
+}
+
+/// `POST /v1/runs/:id/cancel`: the run's status after the cancel was applied (whether or not
+/// it changed anything).
+#[derive(Clone, Debug, Deserialize)]
+pub struct CancelAnswer {
+    pub status: RunStatus,
+}
+
+/// `POST /v1/runs/:id/approvals/:node`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Decided {
+    /// `decided`, or `already decided` (a second decision changes nothing).
+    pub applied: String,
+}
+
+/// One entry of `GET /v1/runs/:id/logs`: a finished job.
+#[derive(Clone, Debug, Deserialize)]
+pub struct LogEntry {
+    #[serde(default)]
+    pub node: String,
+    #[serde(default)]
+    pub visit: u32,
+    #[serde(default)]
+    pub status: Value,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub worker: String,
+    #[serde(default)]
+    pub finished_at: String,
+    #[serde(default)]
+    pub artifacts: BTreeMap<String, String>,
+}
+
+/// One entry of `GET /v1/runs`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct RunListing {
+    pub run_id: String,
+    #[serde(default)]
+    pub graph: String,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub created_at: String,
+}
+
+/// The wire name of a status (`running`, `succeeded`, ...).
+pub fn status_name(s: RunStatus) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{s:?}").to_lowercase())
+}
+
+/// The API's error body as one message: `<http status>: <error>` and a line per detail.
+pub fn error_message(status: reqwest::StatusCode, body: &Value) -> String {
+    let mut msg = format!(
+        "{status}: {}",
+        body["error"].as_str().unwrap_or("request failed")
+    );
+    for d in body["details"].as_array().into_iter().flatten() {
+        msg.push_str(&format!("\n  {}", d.as_str().unwrap_or("")));
+    }
+    msg
+}
+
+pub struct Client {
+    server: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(server: &str) -> Self {
+        Self {
+            server: server.trim_end_matches('/').to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server)
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the coordinator at {}", self.server))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            bail!("{}", error_message(status, &body));
+        }
+        Ok(resp)
+    }
+
+    async fn decode<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        resp: reqwest::Response,
+    ) -> anyhow::Result<T> {
+        let bytes = resp.bytes().await?;
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("unexpected answer from {}{path}", self.server))
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let resp = self.send(self.http.get(self.url(path))).await?;
+        self.decode(path, resp).await
+    }
+
+    pub async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> anyhow::Result<T> {
+        let resp = self.send(self.http.post(self.url(path)).json(body)).await?;
+        self.decode(path, resp).await
+    }
+
+    pub async fn submit(&self, req: &SubmitRequest) -> anyhow::Result<Submitted> {
+        self.post("/v1/runs", req).await
+    }
+
+    /// The full status view (printed as it comes by `fleet status`).
+    pub async fn status(&self, run: &str) -> anyhow::Result<Value> {
+        self.get(&format!("/v1/runs/{run}")).await
+    }
+
+    pub async fn summary(&self, run: &str) -> anyhow::Result<RunSummary> {
+        self.get(&format!("/v1/runs/{run}/summary")).await
+    }
+
+    pub async fn result(&self, run: &str) -> anyhow::Result<RunOutcome> {
+        self.get(&format!("/v1/runs/{run}/result")).await
+    }
+
+    pub async fn cancel(&self, run: &str) -> anyhow::Result<CancelAnswer> {
+        self.post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+            .await
+    }
+
+    pub async fn decide(
+        &self,
+        run: &str,
+        node: &str,
+        approved: bool,
+        by: &str,
+        comment: &str,
+    ) -> anyhow::Result<Decided> {
+        self.post(
+            &format!("/v1/runs/{run}/approvals/{node}"),
+            &json!({"approved": approved, "by": by, "comment": comment}),
+        )
+        .await
+    }
+
+    pub async fn logs(&self, run: &str) -> anyhow::Result<Vec<LogEntry>> {
+        self.get(&format!("/v1/runs/{run}/logs")).await
+    }
+
+    pub async fn artifacts(&self, run: &str) -> anyhow::Result<Vec<String>> {
+        self.get(&format!("/v1/runs/{run}/artifacts")).await
+    }
+
+    /// One artifact's bytes, as stored.
+    pub async fn artifact(&self, key: &str) -> anyhow::Result<Vec<u8>> {
+        let resp = self
+            .send(self.http.get(self.url(&format!("/v1/artifacts/{key}"))))
+            .await?;
+        Ok(resp.bytes().await?.to_vec())
+    }
+
+    pub async fn runs(&self) -> anyhow::Result<Vec<RunListing>> {
+        self.get("/v1/runs").await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_apis_answers_decode() {
+        let s: RunSummary = serde_json::from_value(json!({
+            "run_id": "r1", "graph": "factory", "status": "running",
+            "awaiting_approval": [], "visits": {"se": 2, "tr": 1},
+            "usage": {"llm_calls": 1, "input_tokens": 2, "output_tokens": 3, "cost_usd": 0.5},
+            "jobs_total": 3, "jobs_pending": 1,
+            "created_at": "t", "updated_at": "t", "finished_at": null,
+        }))
+        .unwrap();
+        assert_eq!(s.status, RunStatus::Running);
+        assert_eq!(s.visits["se"], 2);
+        assert_eq!((s.jobs_total, s.jobs_pending), (3, 1));
+
+        let r: RunOutcome = serde_json::from_value(json!({
+            "status": "failed", "result": {"verdict": "FAIL", "ended_stage": "po"},
+            "usage": {"llm_calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
+        }))
+        .unwrap();
+        assert_eq!(r.verdict(), "FAIL");
+        assert_eq!(r.ended_stage(), Some("po"));
+        let generic: RunOutcome =
+            serde_json::from_value(json!({"status": "succeeded", "result": {"x": 1}})).unwrap();
+        assert_eq!(generic.verdict(), "SUCCEEDED");
+        assert_eq!(generic.ended_stage(), None);
+
+        let c: CancelAnswer =
+            serde_json::from_value(json!({"run_id": "r1", "status": "cancelled"})).unwrap();
+        assert_eq!(c.status, RunStatus::Cancelled);
+        let l: Vec<LogEntry> = serde_json::from_value(json!([{
+            "job_id": "r1.se.1", "node": "se", "visit": 1, "status": "ok", "error": null,
+            "worker": "w1", "started_at": "a", "finished_at": "b",
+            "artifacts": {"prompt": "runs/r1/attempt_1/se/prompt.md"}, "usage": {},
+        }]))
+        .unwrap();
+        assert_eq!(l[0].artifacts["prompt"], "runs/r1/attempt_1/se/prompt.md");
+        assert_eq!(status_name(RunStatus::Succeeded), "succeeded");
+    }
+
+    #[test]
+    fn an_api_error_reads_as_its_message_and_details() {
+        let m = error_message(
+            reqwest::StatusCode::BAD_REQUEST,
+            &json!({"error": "invalid graph", "details": ["g.yaml: node `a`: boom", "two"]}),
+        );
+        assert_eq!(
+            m,
+            "400 Bad Request: invalid graph\n  g.yaml: node `a`: boom\n  two"
+        );
+        assert_eq!(
+            error_message(reqwest::StatusCode::BAD_GATEWAY, &Value::Null),
+            "502 Bad Gateway: request failed"
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! The `fleet` command line: servers (coordinator, worker), a client of the HTTP API, the
+//! embedded mode and the graph tools.
+//!
+//! - `args`: argument structs and configuration from the environment;
+//! - `serve`: coordinator and worker bootstrap (with `startup`'s dependency checks), `fleet run`;
+//! - `client`: the typed HTTP client; `watch`: `wait` and `cancel`;
+//! - `graph_tools`: loading and checking graphs, the Mermaid rendering.
+
+mod args;
+mod client;
+mod graph_tools;
+mod serve;
+mod startup;
+mod watch;
+
+pub use args::*;
+pub use client::Client;
+pub use graph_tools::{live_states, load_graph, mermaid};
+pub use startup::redact_url;
+
+use clap::{Parser, Subcommand};
+use std::fmt::Display;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "fleet",
+    version,
+    about = "run adversarial coding-agent graphs on a fleet"
+)]
+pub struct Cli {
+    /// Log as JSON lines (also with FLEET_LOG_FORMAT=json).
+    #[arg(long, global = true)]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Start a coordinator (HTTP API, engine driver, outbox relay, result consumers).
+    Coordinator(CoordinatorArgs),
+    /// Start a worker.
+    Worker(WorkerArgs),
+    /// Submit a run to a coordinator; prints the run id.
+    Submit(SubmitArgs),
+    /// Show a run's status.
+    Status(RunRef),
+    /// Wait for a run to finish, with a progress display; exits 0 on success.
+    Wait(WaitArgs),
+    /// Show a run's job history.
+    Logs(RunRef),
+    /// List a run's artifacts, or fetch one with --get.
+    Artifacts(ArtifactsArgs),
+    /// Cancel a run that is still going (exit code 1 when it already finished).
+    Cancel(RunRef),
+    /// Approve (or reject) a run's approval node.
+    Approve(ApproveArgs),
+    /// List runs.
+    List(ServerArg),
+    /// Run a graph to the end in this process (embedded mode: no RabbitMQ, Redis or S3).
+    Run(RunArgs),
+    /// Graph tools.
+    Graph {
+        #[command(subcommand)]
+        cmd: GraphCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum GraphCmd {
+    /// Run the static checker on a graph file.
+    Check { file: PathBuf },
+    /// Print the graph as a Mermaid flowchart; with --run, coloured by the run's node states.
+    Show {
+        file: PathBuf,
+        #[arg(long)]
+        run: Option<String>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+/// Whether logs are JSON lines: the `--log-json` flag or `FLEET_LOG_FORMAT=json`.
+pub fn log_json(flag: bool, format_env: Option<&str>) -> bool {
+    flag || format_env.is_some_and(|f| f.trim().eq_ignore_ascii_case("json"))
+}
+
+/// Lines on stdout that survive a closed pipe (`fleet wait RUN | head -1`): once the reader
+/// is gone the rest is dropped, and the command still ends with its own exit code.
+#[derive(Default)]
+pub struct Out {
+    closed: bool,
+}
+
+impl Out {
+    pub fn line(&mut self, text: impl Display) -> std::io::Result<()> {
+        self.bytes(format!("{text}\n").as_bytes())
+    }
+
+    pub fn bytes(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        let mut stdout = std::io::stdout().lock();
+        match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Whether the reader went away.
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+}
+
+pub async fn main(cli: Cli) -> anyhow::Result<i32> {
+    let mut out = Out::default();
+    match cli.cmd {
+        Cmd::Coordinator(a) => serve::coordinator(a).await,
+        Cmd::Worker(a) => serve::worker_main(a).await,
+        Cmd::Run(a) => serve::run_embedded(a).await,
+        Cmd::Submit(a) => {
+            let req = a.spec.request()?;
+            let resp = Client::new(&a.server.server).submit(&req).await?;
+            out.line(&resp.run_id)?;
+            if !resp.created {
+                eprintln!("(a run with the same inputs exists; returning it)");
+            }
+            Ok(0)
+        }
+        Cmd::Status(r) => {
+            let v = Client::new(&r.server.server).status(&r.run_id).await?;
+            out.line(serde_json::to_string_pretty(&v)?)?;
+            Ok(0)
+        }
+        Cmd::Wait(w) => {
+            let timeout = Duration::from_secs(w.timeout);
+            watch::wait(&w.server.server, &w.run_id, timeout, &mut out).await
+        }
+        Cmd::Cancel(r) => watch::cancel(&r.server.server, &r.run_id, &mut out).await,
+        Cmd::Logs(r) => {
+            for e in Client::new(&r.server.server).logs(&r.run_id).await? {
+                let status = e.status.as_str().unwrap_or("");
+                let error = e.error.map(|s| format!(": {s}")).unwrap_or_default();
+                out.line(format!(
+                    "{} {status:>10} {} visit {} on {}{error}",
+                    e.finished_at, e.node, e.visit, e.worker
+                ))?;
+                for (name, key) in &e.artifacts {
+                    out.line(format!("    {name}: {key}"))?;
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Artifacts(a) => {
+            let client = Client::new(&a.server.server);
+            match &a.get {
+                None => {
+                    for k in client.artifacts(&a.run_id).await? {
+                        out.line(k)?;
+                    }
+                }
+                Some(key) => {
+                    let bytes = client.artifact(key).await?;
+                    match &a.out {
+                        Some(p) => std::fs::write(p, bytes)?,
+                        None => out.bytes(&bytes)?,
+                    }
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Approve(a) => {
+            let d = Client::new(&a.server.server)
+                .decide(&a.run_id, &a.node, !a.reject, &a.by, &a.comment)
+                .await?;
+            out.line(format!("{}: {}", a.node, d.applied))?;
+            Ok(0)
+        }
+        Cmd::List(s) => {
+            for r in Client::new(&s.server).runs().await? {
+                out.line(format!(
+                    "{}  {:<10} {:<10} {}",
+                    r.run_id,
+                    r.graph,
+                    client::status_name(r.status),
+                    r.created_at
+                ))?;
+            }
+            Ok(0)
+        }
+        Cmd::Graph { cmd } => match cmd {
+            GraphCmd::Check { file } => {
+                let b = load_graph(&file)?;
+                out.line(format!(
+                    "{}: ok ({} nodes)",
+                    file.display(),
+                    b.graph.nodes.len()
+                ))?;
+                Ok(0)
+            }
+            GraphCmd::Show { file, run, server } => {
+                let b = load_graph(&file)?;
+                let mut chart = mermaid(&b);
+                if let Some(run) = run {
+                    let v = Client::new(&server.server).status(&run).await?;
+                    chart.push_str(&live_states(&b, &v));
+                }
+                out.bytes(chart.as_bytes())?;
+                Ok(0)
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn log_json_is_a_global_flag_or_the_environment() {
+        let cli = Cli::try_parse_from(["fleet", "graph", "check", "g.yaml", "--log-json"]).unwrap();
+        assert!(cli.log_json);
+        let cli = Cli::try_parse_from(["fleet", "--log-json", "list"]).unwrap();
+        assert!(cli.log_json);
+        assert!(log_json(false, Some("json")));
+        assert!(log_json(false, Some(" JSON ")));
+        assert!(!log_json(false, Some("plain")));
+        assert!(!log_json(false, None));
+        assert!(log_json(true, None));
+    }
+}

@@ -1,0 +1,206 @@
+//! Server bootstrap: the coordinator and the worker (each dependency checked, with a bounded
+//! wait, before anything is served or consumed), and the embedded run.
+
+use super::args::{startup_wait, Backends, CoordinatorArgs, RunArgs, WorkerArgs};
+use super::startup::{
+    docker_address, explain_store_error, store_address, store_name, tcp_probe, Dependency,
+};
+use crate::driver::Coordinator;
+use crate::embedded::{self, SandboxChoice};
+use crate::metrics::CoordinatorMetrics;
+use crate::store::redis::RedisRunStore;
+use serde_json::Value;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+use worker::blobs::Blobs;
+use worker::rabbitmq::RabbitBroker;
+use worker::runner::{Runner, WorkerConfig};
+use worker::sandbox::docker::DockerSandbox;
+use worker::sandbox::Sandbox;
+
+/// RabbitMQ, waited for.
+async fn connect_broker(b: &Backends, wait: Duration) -> anyhow::Result<RabbitBroker> {
+    Dependency::new("RabbitMQ", &b.amqp)
+        .wait_for(wait, || RabbitBroker::connect(&b.amqp, &b.namespace))
+        .await
+}
+
+/// The object store, opened and probed with a list under the namespace (a bucket that does
+/// not exist fails here, not at the first job).
+async fn open_store(b: &Backends, wait: Duration) -> anyhow::Result<Blobs> {
+    let blobs = Blobs::open(&b.store, &b.namespace)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", store_name(&b.store)))?;
+    let mut dep = Dependency::new(store_name(&b.store), &store_address(&b.store));
+    dep.verb = "cannot use";
+    dep.wait_for(wait, || async {
+        blobs
+            .list(".fleet-startup-probe/")
+            .await
+            .map_err(|e| explain_store_error(&e.to_string()))
+    })
+    .await?;
+    Ok(blobs)
+}
+
+/// Docker and, when named, the agent image, waited for.
+async fn connect_docker(
+    config: &WorkerConfig,
+    image: &str,
+    wait: Duration,
+) -> anyhow::Result<Arc<dyn Sandbox>> {
+    let address = docker_address();
+    let docker = Dependency::new("Docker", &address)
+        .wait_for(wait, || {
+            DockerSandbox::connect(config.limits.clone(), config.sandbox_user.clone())
+        })
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}; jobs run in Docker (`--sandbox local-process` runs them as host processes, \
+                 without isolation)"
+            )
+        })?;
+    if !image.is_empty() {
+        let mut dep = Dependency::new(format!("the agent image `{image}`"), &address);
+        dep.verb = "cannot find";
+        dep.wait_for(wait, || async {
+            if docker.has_image(image).await {
+                Ok(())
+            } else {
+                Err(format!(
+                    "image `{image}` is not present (build it with scripts/build-image.sh, \
+                         or set FLEET_AGENT_IMAGE)"
+                ))
+            }
+        })
+        .await?;
+    }
+    Ok(Arc::new(docker))
+}
+
+pub async fn coordinator(a: CoordinatorArgs) -> anyhow::Result<i32> {
+    let wait = startup_wait()?;
+    let id = a.id.clone().unwrap_or_else(crate::driver::unique_id);
+    let ns = &a.backends.namespace;
+    let store = Dependency::new("Redis", &a.redis)
+        .wait_for(wait, || async {
+            tcp_probe(&a.redis, 6379).await?;
+            RedisRunStore::connect(&a.redis, ns)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await?;
+    let broker = connect_broker(&a.backends, wait).await?;
+    let blobs = open_store(&a.backends, wait).await?;
+    let coord = Arc::new(Coordinator::new(
+        id.clone(),
+        Arc::new(store),
+        Arc::new(broker),
+        blobs,
+        CoordinatorMetrics::new(),
+    ));
+    let shutdown = CancellationToken::new();
+    let serving = tokio::spawn(coord.clone().serve(shutdown.clone()));
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.listen))?;
+    info!(coordinator = %id, listen = %listener.local_addr()?, "coordinator ready");
+    // Whoever started us may have closed stdout; the address is in the log line above too.
+    let _ = writeln!(
+        std::io::stdout(),
+        "listening on http://{}",
+        listener.local_addr()?
+    );
+    let token = shutdown.clone();
+    axum::serve(listener, crate::api::router(coord))
+        .with_graceful_shutdown(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            token.cancel();
+        })
+        .await?;
+    let _ = serving.await;
+    Ok(0)
+}
+
+pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
+    let wait = startup_wait()?;
+    let config = a.worker.config()?;
+    let broker = Arc::new(connect_broker(&a.backends, wait).await?);
+    let blobs = open_store(&a.backends, wait).await?;
+    let sandbox = match a.worker.sandbox {
+        SandboxChoice::Docker => connect_docker(&config, &a.agent_image, wait).await?,
+        choice => {
+            embedded::connect_sandbox(choice, config.limits.clone(), config.sandbox_user.clone())
+                .await?
+        }
+    };
+    let metrics = worker::metrics::Metrics::new();
+    let runner = Arc::new(Runner::new(config, blobs, sandbox, metrics.clone())?);
+    let listener = tokio::net::TcpListener::bind(&a.metrics_listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.metrics_listen))?;
+    info!(metrics = %listener.local_addr()?, "worker metrics");
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let m = metrics.clone();
+            async move { m.render() }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        token.cancel();
+    });
+    worker::consumer::serve(runner, broker, shutdown).await;
+    Ok(0)
+}
+
+pub async fn run_embedded(a: RunArgs) -> anyhow::Result<i32> {
+    let req = a.spec.request()?;
+    let config = a.worker.config()?;
+    let config = WorkerConfig {
+        work_dir: a
+            .worker
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| a.out.join("work")),
+        ..config
+    };
+    let sandbox = embedded::connect_sandbox(
+        a.worker.sandbox,
+        config.limits.clone(),
+        config.sandbox_user.clone(),
+    )
+    .await?;
+    let state = embedded::run(req, &a.out, sandbox, config).await?;
+    let out = a.out.canonicalize()?;
+    let result = state.result.clone().unwrap_or(Value::Null);
+    let verdict = result["verdict"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{:?}", state.status).to_uppercase());
+    let dir = out.join("runs").join(state.run_id.as_str());
+    let summary = dir.join("run_summary.json");
+    let shown = if summary.exists() {
+        summary
+    } else {
+        dir.join("result.json")
+    };
+    // A closed stdout (`| head -1`) does not change the run's exit code.
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "run {}: {}", state.run_id, verdict)
+        .and_then(|()| writeln!(stdout, "{}", shown.display()));
+    Ok(if state.status == shared::engine::RunStatus::Succeeded {
+        0
+    } else {
+        1
+    })
+}
