@@ -34,6 +34,21 @@ pub enum BlobError {
     BadUrl(String),
 }
 
+impl BlobError {
+    /// May pass on another try: the store unreachable, slow or refusing for now. A key that is
+    /// not there (object storage is read-after-write consistent: whoever names a key wrote it
+    /// first), an object that is not what its key says, and a bad store url are for good.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BlobError::Store(
+                object_store::Error::NotFound { .. } | object_store::Error::InvalidPath { .. },
+            ) => false,
+            BlobError::Store(_) => true,
+            BlobError::Decode { .. } | BlobError::Corrupt { .. } | BlobError::BadUrl(_) => false,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Blobs {
     store: Arc<dyn ObjectStore>,
@@ -162,5 +177,31 @@ impl Blobs {
         let mut keys: Vec<String> = items.into_iter().map(|m| m.location.to_string()).collect();
         keys.sort();
         Ok(keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BlobError;
+
+    #[test]
+    fn missing_and_malformed_objects_are_permanent_store_trouble_is_not() {
+        let missing = BlobError::Store(object_store::Error::NotFound {
+            path: "graphs/x.json".into(),
+            source: "no such key".into(),
+        });
+        assert!(!missing.is_transient());
+        let down = BlobError::Store(object_store::Error::Generic {
+            store: "S3",
+            source: "connection refused".into(),
+        });
+        assert!(down.is_transient());
+        let decode = BlobError::Decode {
+            key: "k".into(),
+            source: serde_json::from_str::<u8>("x").unwrap_err(),
+        };
+        assert!(!decode.is_transient());
+        assert!(!BlobError::Corrupt { key: "k".into() }.is_transient());
+        assert!(!BlobError::BadUrl("ftp://x".into()).is_transient());
     }
 }

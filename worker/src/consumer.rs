@@ -1,6 +1,12 @@
 //! The worker's loop: take a job, run it, store the result, publish the result envelope, and
 //! only then ack. A poison message (unreadable envelope or spec) is rejected and dead-lettered;
-//! a transient failure requeues the job (the delivery limit bounds how often).
+//! a transient failure requeues the job (the delivery limit bounds how often); a permanent one
+//! (the error says which it is: `RunError::is_transient`) is reported at once as an `Error`
+//! result of the attempt and acked, never requeued.
+//!
+//! At start the worker reaps its containers and the job folders a killed process left; while it
+//! serves, job folders older than `FLEET_JOB_DIR_MAX_AGE_SECONDS` that no execution owns are
+//! removed.
 //!
 //! One execution per attempt: a delivery of a (job, attempt) that already runs in this worker
 //! (a redelivery after a broker blip, a duplicate publish) is not started again but held, and
@@ -10,7 +16,7 @@
 //! (`Runner::run`).
 
 use crate::queue::{Broker, Incoming, QueueName};
-use crate::runner::{RunError, Runner};
+use crate::runner::Runner;
 use shared::ids::{Attempt, JobId};
 use shared::messages::{JobEnvelope, JobSpec, ResultEnvelope, INLINE_LIMIT, WIRE_VERSION};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -29,6 +35,27 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
             warn!(worker = %runner.config.id, error = %e, "could not reap orphaned containers")
         }
     }
+    match runner.remove_leftover_job_dirs().await {
+        0 => {}
+        n => {
+            info!(worker = %runner.config.id, removed = n, "removed job folders left by an earlier process")
+        }
+    }
+    let sweeper = runner.clone();
+    let stop_sweeping = shutdown.clone();
+    tokio::spawn(async move {
+        let every = sweeper.resources.sweep_every();
+        loop {
+            tokio::select! {
+                _ = stop_sweeping.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            match sweeper.remove_stale_job_dirs().await {
+                0 => {}
+                n => info!(removed = n, "removed stale job folders"),
+            }
+        }
+    });
     let mut control = broker.listen();
     let listener = runner.clone();
     tokio::spawn(async move {
@@ -293,16 +320,33 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
             warn!(job = %spec.job_id, error = %e, "could not announce the job's start");
         }
     }
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let result = match runner.run(&spec).await {
         Ok(r) => r,
-        Err(RunError::Transient(reason)) => {
+        Err(e) if e.is_transient() => {
+            let reason = e.reason();
             warn!(job = %spec.job_id, %reason, "job hit a transient failure; requeueing");
+            runner
+                .metrics
+                .failures
+                .with_label_values(&["transient"])
+                .inc();
             let held = claim.finish(false);
             requeue(delivery, &settled).await;
             for d in held {
                 requeue(d, &settled).await;
             }
             return;
+        }
+        Err(e) => {
+            let reason = e.reason();
+            warn!(job = %spec.job_id, attempt = spec.attempt, delivery = count, %reason, "job hit a permanent failure; reporting it as an error, not requeueing");
+            runner
+                .metrics
+                .failures
+                .with_label_values(&["permanent"])
+                .inc();
+            crate::runner::permanent_result(&spec, &runner.config.id, started_at, reason)
         }
     };
     let stored = async {
@@ -385,6 +429,8 @@ mod tests {
 
     struct FakeSandbox {
         panic_on_start: bool,
+        /// `start` fails with this error (made anew each time).
+        fail_on_start: Option<fn() -> SandboxError>,
         /// Commands wait for a permit: the test decides when the job ends.
         gate: Arc<Semaphore>,
         started: std::sync::Mutex<Vec<String>>,
@@ -395,6 +441,7 @@ mod tests {
         fn default() -> Self {
             Self {
                 panic_on_start: false,
+                fail_on_start: None,
                 gate: Arc::new(Semaphore::new(0)),
                 started: Default::default(),
                 removed_by_name: Default::default(),
@@ -412,6 +459,9 @@ mod tests {
             self.started.lock().unwrap().push(spec.name.clone());
             if self.panic_on_start {
                 panic!("boom in the sandbox");
+            }
+            if let Some(fail) = self.fail_on_start {
+                return Err(fail());
             }
             Ok(Box::new(FakeSession {
                 gate: self.gate.clone(),
@@ -469,6 +519,11 @@ mod tests {
     }
 
     async fn fixture(sandbox: FakeSandbox) -> Fixture {
+        fixture_for(sandbox, "a").await
+    }
+
+    /// A job of the node `node` of a graph whose only job node is `a`.
+    async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
         let tmp = tempfile::tempdir().unwrap();
         let store = format!("file://{}", tmp.path().join("store").display());
         let blobs = Blobs::open(&store, "").unwrap();
@@ -487,7 +542,7 @@ mod tests {
         };
         let runner = Arc::new(Runner::new(config, blobs, sandbox.clone(), Metrics::new()).unwrap());
         let spec: JobSpec = serde_json::from_value(json!({
-            "v": WIRE_VERSION, "job_id": "r1.a.1", "run_id": "r1", "node": "a", "visit": 1,
+            "v": WIRE_VERSION, "job_id": "r1.a.1", "run_id": "r1", "node": node, "visit": 1,
             "attempt": 1, "kind": "command", "graph_ref": "graphs/t.json", "image": "img",
             "timeout_seconds": 60, "params": {}, "context_files": [], "commands": ["true"],
             "worktree": null, "artifact_prefix": "runs/r1/a_1/",
@@ -694,5 +749,75 @@ mod tests {
         drop(other_claim.finish(true));
         let _ = first.settle();
         let _ = other.settle();
+    }
+
+    #[tokio::test]
+    async fn a_permanent_failure_is_reported_as_an_error_at_once_and_acked() {
+        // The job names a node its graph does not have: no other try can pass.
+        let mut f = fixture_for(FakeSandbox::default(), "ghost").await;
+        let executions = Executions::default();
+        let msg = f.deliver().await;
+        handle(&f.runner, f.broker.as_ref(), &executions, msg).await;
+
+        let results = f.results().await;
+        assert_eq!(results.len(), 1, "one result: {results:?}");
+        assert_eq!(results[0].status, JobStatus::Error);
+        assert_eq!(results[0].attempt, 1, "the attempt is counted");
+        let error = results[0].error.as_deref().unwrap();
+        assert!(error.contains("permanent"), "{error}");
+        assert!(error.contains("node `ghost` is not in"), "{error}");
+        assert!(f.sandbox.started.lock().unwrap().is_empty());
+        assert_eq!(f.deliveries("acked"), 1);
+        assert_eq!(f.deliveries("requeued"), 0);
+        f.assert_nothing_requeued().await;
+        assert_eq!(f.job_folders(), 0, "the job folder was removed");
+        assert_eq!(executions.running(), 0);
+        let metrics = f.runner.metrics.render();
+        assert!(
+            metrics.contains(r#"fleet_worker_job_failures_total{class="permanent"} 1"#),
+            "{metrics}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_is_requeued_as_before() {
+        let mut f = fixture(FakeSandbox {
+            fail_on_start: Some(|| SandboxError::Io(std::io::Error::other("docker socket"))),
+            ..Default::default()
+        })
+        .await;
+        let executions = Executions::default();
+        let msg = f.deliver().await;
+        handle(&f.runner, f.broker.as_ref(), &executions, msg).await;
+        let again = tokio::time::timeout(Duration::from_secs(5), f.jobs.recv())
+            .await
+            .expect("requeued")
+            .unwrap();
+        assert_eq!(again.delivery_count, 1);
+        assert!(
+            f.results().await.is_empty(),
+            "no result for a transient failure"
+        );
+        assert_eq!(f.deliveries("requeued"), 1);
+        assert_eq!(f.deliveries("acked"), 0);
+        assert_eq!(f.job_folders(), 0);
+        let _ = again.ack().await;
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_that_refuses_is_a_permanent_failure() {
+        let mut f = fixture(FakeSandbox {
+            fail_on_start: Some(|| SandboxError::Refused("the sandbox user is root".into())),
+            ..Default::default()
+        })
+        .await;
+        let executions = Executions::default();
+        let msg = f.deliver().await;
+        handle(&f.runner, f.broker.as_ref(), &executions, msg).await;
+        let results = f.results().await;
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0].status, JobStatus::Error);
+        assert!(results[0].error.as_deref().unwrap().contains("root"));
+        f.assert_nothing_requeued().await;
     }
 }

@@ -2,6 +2,9 @@
 //! worker keeps a bare mirror as a cache and materialises a fresh worktree per job whose git
 //! directory lives *outside* the folder mounted into the container, so nothing of the object
 //! database (and nothing of a sibling branch) is reachable from inside.
+//!
+//! libgit2 blocks: async callers run it on the blocking pool (`GitCache::materialize`,
+//! `Worktree::blocking`).
 
 use crate::blobs::{BlobError, Blobs};
 use git2::{
@@ -32,6 +35,29 @@ pub enum GitError {
 }
 
 impl GitError {
+    /// May pass on another try: the operating system (disk, locks), the network, the object
+    /// store. A missing or malformed object, a commit id that is not one, a patch that does not
+    /// apply, content git refuses: retrying the same job cannot help.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            GitError::Git(e) => {
+                matches!(
+                    e.class(),
+                    git2::ErrorClass::Os
+                        | git2::ErrorClass::Net
+                        | git2::ErrorClass::Ssl
+                        | git2::ErrorClass::Http
+                        | git2::ErrorClass::Ssh
+                        | git2::ErrorClass::Callback
+                ) || e.code() == git2::ErrorCode::Locked
+            }
+            GitError::Io(_) => true,
+            GitError::Blob(e) => e.is_transient(),
+            GitError::Dirty(..) | GitError::Apply(_) => false,
+            GitError::SafeFs(e) => matches!(e, crate::safe_fs::SafeFsError::Io { .. }),
+        }
+    }
+
     /// Git refused what is in the worktree (a nested repository, a path it will not index):
     /// the content's fault, so retrying cannot help. Errors of the operating system are not.
     pub fn is_refused_content(&self) -> bool {
@@ -85,31 +111,37 @@ impl GitCache {
         Ok(())
     }
 
-    /// A fresh worktree of `commit` at `dest/wt`, git directory at `dest/git`.
-    pub fn materialize(&self, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
-        let git_dir = dest.join("git");
-        let dir = dest.join("wt");
-        std::fs::create_dir_all(&dir)?;
-        Repository::init_bare(&git_dir)?;
-        let alternates = git_dir.join("objects/info/alternates");
-        std::fs::create_dir_all(alternates.parent().expect("has parent"))?;
-        std::fs::write(
-            &alternates,
-            format!("{}\n", self.mirror.join("objects").display()),
-        )?;
-        let repo = Repository::open_bare(&git_dir)?;
-        repo.set_workdir(&dir, false)?;
-        let oid = Oid::from_str(commit)?;
-        let object = repo.find_commit(oid)?.into_object();
-        repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))?;
-        repo.set_head_detached(oid)?;
-        Ok(Worktree {
-            dir,
-            git_dir,
-            base: oid,
-            head: std::sync::Mutex::new(oid),
-        })
+    /// A fresh worktree of `commit` at `dest/wt`, git directory at `dest/git` (checked out on
+    /// the blocking pool).
+    pub async fn materialize(&self, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
+        let (mirror, commit, dest) = (self.mirror.clone(), commit.to_string(), dest.to_path_buf());
+        crate::safe_fs::blocking(move || materialize_at(&mirror, &commit, &dest)).await
     }
+}
+
+fn materialize_at(mirror: &Path, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
+    let git_dir = dest.join("git");
+    let dir = dest.join("wt");
+    std::fs::create_dir_all(&dir)?;
+    Repository::init_bare(&git_dir)?;
+    let alternates = git_dir.join("objects/info/alternates");
+    std::fs::create_dir_all(alternates.parent().expect("has parent"))?;
+    std::fs::write(
+        &alternates,
+        format!("{}\n", mirror.join("objects").display()),
+    )?;
+    let repo = Repository::open_bare(&git_dir)?;
+    repo.set_workdir(&dir, false)?;
+    let oid = Oid::from_str(commit)?;
+    let object = repo.find_commit(oid)?.into_object();
+    repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))?;
+    repo.set_head_detached(oid)?;
+    Ok(Worktree {
+        dir,
+        git_dir,
+        base: oid,
+        head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
+    })
 }
 
 fn index_pack(mirror: &Path, bytes: &[u8]) -> Result<(), GitError> {
@@ -121,13 +153,15 @@ fn index_pack(mirror: &Path, bytes: &[u8]) -> Result<(), GitError> {
     Ok(())
 }
 
-/// A job's worktree. `dir` is what the container sees.
+/// A job's worktree. `dir` is what the container sees. Clones are handles on the same worktree
+/// (they share the head).
+#[derive(Clone)]
 pub struct Worktree {
     pub dir: PathBuf,
     git_dir: PathBuf,
     base: Oid,
     /// Moves when a git step adds commits on top of the base.
-    head: std::sync::Mutex<Oid>,
+    head: std::sync::Arc<std::sync::Mutex<Oid>>,
 }
 
 /// What a cherry-pick, squash-merge or rebase did.
@@ -145,6 +179,16 @@ pub enum PickOutcome {
 }
 
 impl Worktree {
+    /// Runs `f` on this worktree on the blocking pool (libgit2 and walks of the worktree must
+    /// not hold a runtime thread); a panic in `f` continues in the caller.
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Worktree) -> T + Send + 'static,
+    ) -> T {
+        let wt = self.clone();
+        crate::safe_fs::blocking(move || f(&wt)).await
+    }
+
     fn repo(&self) -> Result<Repository, GitError> {
         let repo = Repository::open_bare(&self.git_dir)?;
         repo.set_workdir(&self.dir, false)?;

@@ -1,6 +1,7 @@
 //! Steps the harness itself runs (never the LLM): the factory's patch application with scope
 //! enforcement, its global verification and acceptance commands, and generic command nodes.
-//! Every command is an argv run in the job's container, never through a shell.
+//! Every command is an argv run in the job's container, never through a shell. libgit2 and
+//! reads of the worktree run on the blocking pool.
 
 use crate::blobs::Blobs;
 use crate::git::{files_on_disk, Worktree};
@@ -114,7 +115,11 @@ pub async fn apply_patch(
         "touched_files": [], "apply_ok": false,
     });
     let refuse = |msg: &str| FailureBrief::new(Stage::PatchScopeViolation, None, None, msg);
-    let changes = match crate::git::patch_changes(&diff) {
+    let parsed = {
+        let diff = diff.clone();
+        crate::safe_fs::blocking(move || crate::git::patch_changes(&diff)).await
+    };
+    let changes = match parsed {
         Ok(c) if c.is_empty() => {
             let brief = refuse("the diff has no file headers");
             return finish_apply(output, Some(brief), "", art).await;
@@ -151,7 +156,7 @@ pub async fn apply_patch(
             return finish_apply(output, Some(brief), "", art).await;
         }
     }
-    match wt.apply_patch(&diff) {
+    match wt.blocking(move |wt| wt.apply_patch(&diff)).await {
         Ok(()) => {
             output["apply_ok"] = json!(true);
             finish_apply(output, None, "", art).await
@@ -339,10 +344,13 @@ pub async fn factory_verify(
             Ok(failed(output, &b))
         }
         None => {
-            let files = files_on_disk(&wt.dir).unwrap_or_default();
-            output["tree_hash_after"] = json!(factory::tree_hash(
-                files.iter().map(|(p, b)| (p.as_str(), b.as_slice()))
-            ));
+            let tree_hash = wt
+                .blocking(|wt| {
+                    let files = files_on_disk(&wt.dir).unwrap_or_default();
+                    factory::tree_hash(files.iter().map(|(p, b)| (p.as_str(), b.as_slice())))
+                })
+                .await;
+            output["tree_hash_after"] = json!(tree_hash);
             Ok(StepOutcome {
                 status: JobStatus::Ok,
                 output,
@@ -412,19 +420,25 @@ pub async fn check_skeleton(
     let argv = factory::split_command(&build).unwrap_or_else(|_| vec!["false".into()]);
     let r = run_logged(session, &argv, timeout, "build", art).await?;
     let build_ok = r.exit_code == 0;
-    let not_stubs = match (
-        crate::claims::language(&language),
-        normalize_relative(&impl_path),
-    ) {
-        (Some(lang), Ok(rel)) => match crate::safe_fs::read_text_within(&wt.dir, &rel, 1 << 20) {
-            Ok(src) => lang
-                .not_stubbed(&src)
-                .unwrap_or_else(|e| vec![format!("unparsable: {e}")]),
-            Err(e) => vec![format!("cannot read {rel}: {e}")],
-        },
-        (None, _) => vec![format!("no stub checker for {language}")],
-        (_, Err(e)) => vec![e.to_string()],
-    };
+    let not_stubs = wt
+        .blocking(move |wt| {
+            match (
+                crate::claims::language(&language),
+                normalize_relative(&impl_path),
+            ) {
+                (Some(lang), Ok(rel)) => {
+                    match crate::safe_fs::read_text_within(&wt.dir, &rel, 1 << 20) {
+                        Ok(src) => lang
+                            .not_stubbed(&src)
+                            .unwrap_or_else(|e| vec![format!("unparsable: {e}")]),
+                        Err(e) => vec![format!("cannot read {rel}: {e}")],
+                    }
+                }
+                (None, _) => vec![format!("no stub checker for {language}")],
+                (_, Err(e)) => vec![e.to_string()],
+            }
+        })
+        .await;
     let ok = build_ok && not_stubs.is_empty();
     let output = json!({
         "build_ok": build_ok,

@@ -19,6 +19,12 @@ pub struct Metrics {
     /// by this worker (acked at once): never a second execution.
     pub duplicates: IntCounterVec,
     panics: IntCounter,
+    /// Jobs that could not produce a result, by class: `transient` (requeued) or `permanent`
+    /// (reported as an error at once).
+    pub failures: IntCounterVec,
+    disk_quota: IntCounter,
+    /// Job folders removed by the sweeps: `start` (left by an earlier process) or `stale`.
+    pub job_dirs_removed: IntCounterVec,
 }
 
 impl Metrics {
@@ -70,10 +76,41 @@ impl Metrics {
             "jobs whose execution panicked (reported as errors)",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(panics.clone()))
-            .expect("unique metric");
-        for c in [&jobs, &llm_tokens, &llm_calls, &deliveries, &duplicates] {
+        let failures = IntCounterVec::new(
+            Opts::new(
+                "fleet_worker_job_failures_total",
+                "jobs that ended without a result of their own, by class (transient: requeued; permanent: reported as an error)",
+            ),
+            &["class"],
+        )
+        .expect("valid metric");
+        let disk_quota = IntCounter::new(
+            "fleet_worker_disk_quota_exceeded_total",
+            "jobs ended because their folder went over its disk quota",
+        )
+        .expect("valid metric");
+        let job_dirs_removed = IntCounterVec::new(
+            Opts::new(
+                "fleet_worker_job_dirs_removed_total",
+                "job folders removed by a sweep (start: left by an earlier process; stale: too old)",
+            ),
+            &["why"],
+        )
+        .expect("valid metric");
+        for c in [&panics, &disk_quota] {
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+        }
+        for c in [
+            &jobs,
+            &llm_tokens,
+            &llm_calls,
+            &deliveries,
+            &duplicates,
+            &failures,
+            &job_dirs_removed,
+        ] {
             registry
                 .register(Box::new(c.clone()))
                 .expect("unique metric");
@@ -90,11 +127,18 @@ impl Metrics {
             deliveries,
             duplicates,
             panics,
+            failures,
+            disk_quota,
+            job_dirs_removed,
         }
     }
 
     pub fn job_panicked(&self) {
         self.panics.inc();
+    }
+
+    pub fn disk_quota_exceeded(&self) {
+        self.disk_quota.inc();
     }
 
     pub fn observe_job(&self, kind: NodeKind, status: JobStatus, took: Duration, usage: &Usage) {

@@ -2,7 +2,8 @@
 //! implementation mechanically (tree-sitter, `crate::mutants`), selected deterministically with
 //! a seed and a cap and cut into batches for a fan-out; `run_mutants` runs the frozen tests
 //! against each mutant of a batch in one container; `tally_mutants` counts what the runs showed
-//! and derives the verdict (`shared::mutation`). No agent's count enters.
+//! and derives the verdict (`shared::mutation`). No agent's count enters. Reading, mutating,
+//! parsing and writing sources run on the blocking pool (`generate` is called there).
 
 use crate::harness::{Artifacts, StepOutcome};
 use crate::mutants::{self, Mutant};
@@ -138,7 +139,7 @@ pub async fn run(
     let Some(frozen) = p.tests.frozen.clone() else {
         return Ok(bad_params("run_mutants needs the frozen tests"));
     };
-    if let Err(e) = verify::lay_down_frozen(place.wt, &frozen, &p.tests.test_paths) {
+    if let Err(e) = verify::lay_down_frozen(place.wt, &frozen, &p.tests.test_paths).await {
         return Ok(error(e));
     }
     // A mutant gets four times the baseline plus slack, within [10 s, 300 s].
@@ -147,25 +148,26 @@ pub async fn run(
     let frozen_ids: BTreeSet<String> = frozen.tests.iter().cloned().collect();
     p.tests.frozen = None;
     let root = &place.wt.dir;
-    let mutator = mutants::mutator(&p.tests.language);
     let mut results = Vec::new();
     for m in &p.mutants {
         let started = std::time::Instant::now();
-        let original = match safe_fs::read_text_within(root, &m.path, SOURCE_CAP) {
-            Ok(s) => s,
-            Err(e) => return Ok(error(format!("cannot read `{}`: {e}", m.path))),
+        let laid = {
+            let (root, m, language) = (root.clone(), m.clone(), p.tests.language.clone());
+            safe_fs::blocking(move || lay_mutant(&root, &m, &language)).await
         };
-        let mutated = mutants::apply(&original, m)
-            .ok()
-            .filter(|src| mutator.as_ref().is_some_and(|l| l.parses(src)));
-        let status = match mutated {
-            None => MutantStatus::Unviable,
-            Some(src) => {
-                if let Err(e) = safe_fs::write_beneath(root, &m.path, src.as_bytes()) {
-                    return Ok(error(format!("cannot write the mutant: {e}")));
-                }
+        let status = match laid {
+            Err(e) => return Ok(error(e)),
+            Ok(None) => MutantStatus::Unviable,
+            Ok(Some(original)) => {
                 let obs = verify::observe(place, &p.tests, &format!("{seed}:{}", m.id)).await;
-                if let Err(e) = safe_fs::write_beneath(root, &m.path, original.as_bytes()) {
+                let restored = {
+                    let (root, path) = (root.clone(), m.path.clone());
+                    safe_fs::blocking(move || {
+                        safe_fs::write_beneath(&root, &path, original.as_bytes())
+                    })
+                    .await
+                };
+                if let Err(e) = restored {
                     return Ok(error(format!("cannot restore `{}`: {e}", m.path)));
                 }
                 match obs {
@@ -205,6 +207,24 @@ pub async fn run(
     let output = json!({"results": results});
     art.put_json("mutants.json", &output).await?;
     Ok(ok(output))
+}
+
+/// Writes the mutant `m` over its file; returns the original source to restore, `None` when the
+/// mutant is unviable (it does not apply or does not parse), `Err` when the file cannot be read
+/// or written.
+fn lay_mutant(root: &Path, m: &Mutant, language: &str) -> Result<Option<String>, String> {
+    let original = safe_fs::read_text_within(root, &m.path, SOURCE_CAP)
+        .map_err(|e| format!("cannot read `{}`: {e}", m.path))?;
+    let mutator = mutants::mutator(language);
+    let Some(mutated) = mutants::apply(&original, m)
+        .ok()
+        .filter(|src| mutator.as_ref().is_some_and(|l| l.parses(src)))
+    else {
+        return Ok(None);
+    };
+    safe_fs::write_beneath(root, &m.path, mutated.as_bytes())
+        .map_err(|e| format!("cannot write the mutant: {e}"))?;
+    Ok(Some(original))
 }
 
 /// `tally_mutants`: the fan-out's arrivals (branch -> `run_mutants` output) counted.

@@ -1,6 +1,15 @@
 //! Runs one job: worktree in, container up, the node's step, commit and pack out, container
-//! gone, job folder gone. Infrastructure failures that may pass are `Transient` (the job is
-//! requeued); everything else becomes a `JobResult` (the engine decides what it means).
+//! gone, job folder gone. A failure that stops the job before it has a result is a `RunError`,
+//! classed once, where it is made: `Transient` when another try may pass (store or docker
+//! unreachable; the job is requeued), `Permanent` when it cannot (a node not in the graph, a bad
+//! git object, a malformed bundle; the consumer reports it as an `Error` result at once).
+//! Everything else becomes a `JobResult` (the engine decides what it means).
+//!
+//! Resources beyond the container's own limits: the job folder has a disk quota, watched while
+//! the job runs (`sandbox::disk`; over it, the container is removed and the job fails with
+//! `disk_quota_exceeded`); job folders left by an earlier process of this worker are removed at
+//! start, and folders older than a day that no execution owns periodically. libgit2 and walks of
+//! the worktree run on the blocking pool.
 //!
 //! Each run is an *execution* with a tag of its own (`e<N>-<process nonce>`): its job folder and
 //! container name carry the tag, so two executions of the same attempt (a redelivery that took
@@ -12,6 +21,7 @@ use crate::blobs::{BlobError, Blobs};
 use crate::git::{GitCache, GitError, Worktree};
 use crate::harness::{self, Artifacts, StepOutcome};
 use crate::metrics::Metrics;
+use crate::sandbox::disk;
 use crate::sandbox::{Limits, Sandbox, SandboxError, SandboxSpec, Session};
 use crate::tools::ToolBox;
 use crate::{mutation, verify};
@@ -36,11 +46,137 @@ pub enum RunError {
     /// May pass on another try (store or docker unreachable): requeue.
     #[error("transient: {0}")]
     Transient(String),
+    /// Cannot pass on another try (a node not in the graph, a bad git object, a malformed
+    /// bundle): reported at once as an `Error` result of the attempt, never requeued.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+impl RunError {
+    /// The class, decided where the error was made.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, RunError::Transient(_))
+    }
+
+    /// What went wrong, without the class.
+    pub fn reason(&self) -> &str {
+        match self {
+            RunError::Transient(r) | RunError::Permanent(r) => r,
+        }
+    }
+
+    fn classed(transient: bool, reason: String) -> Self {
+        if transient {
+            RunError::Transient(reason)
+        } else {
+            RunError::Permanent(reason)
+        }
+    }
 }
 
 impl From<BlobError> for RunError {
     fn from(e: BlobError) -> Self {
-        RunError::Transient(e.to_string())
+        RunError::classed(e.is_transient(), e.to_string())
+    }
+}
+
+impl From<GitError> for RunError {
+    fn from(e: GitError) -> Self {
+        RunError::classed(e.is_transient(), e.to_string())
+    }
+}
+
+impl From<SandboxError> for RunError {
+    fn from(e: SandboxError) -> Self {
+        RunError::classed(e.is_transient(), e.to_string())
+    }
+}
+
+/// Why a worker cannot start.
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Git(#[from] GitError),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The default disk quota of a job folder (`FLEET_JOB_DISK_MB`).
+pub const DEFAULT_JOB_DISK_MB: u64 = 2048;
+/// The default age after which a job folder no execution owns is removed
+/// (`FLEET_JOB_DIR_MAX_AGE_SECONDS`).
+pub const DEFAULT_JOB_DIR_MAX_AGE_SECONDS: u64 = 24 * 3600;
+
+/// Resources of a job the worker enforces itself (the container's own limits are `Limits`).
+/// Read from the environment (`from_env`) until the CLI has flags for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobResources {
+    /// What a job folder (worktree, git directory, harness folder) may hold on disk; `None`: no
+    /// quota (`FLEET_JOB_DISK_MB=0`).
+    pub disk_quota: Option<disk::Quota>,
+    /// Job folders older than this that no running execution owns are removed.
+    pub dir_max_age: Duration,
+}
+
+impl Default for JobResources {
+    fn default() -> Self {
+        Self {
+            disk_quota: Some(disk::Quota {
+                limit_bytes: DEFAULT_JOB_DISK_MB * 1024 * 1024,
+                every: Duration::from_millis(500),
+            }),
+            dir_max_age: Duration::from_secs(DEFAULT_JOB_DIR_MAX_AGE_SECONDS),
+        }
+    }
+}
+
+impl JobResources {
+    /// `FLEET_JOB_DISK_MB` (default 2048; 0 turns the quota off) and
+    /// `FLEET_JOB_DIR_MAX_AGE_SECONDS` (default 86400).
+    pub fn from_env() -> Result<Self, StartError> {
+        Self::from_lookup(|k| std::env::var(k).ok()).map_err(StartError::Config)
+    }
+
+    /// The same, over any source of variables.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let number = |key: &str| -> Result<Option<u64>, String> {
+            match get(key).map(|v| v.trim().to_string()) {
+                None => Ok(None),
+                Some(v) if v.is_empty() => Ok(None),
+                Some(v) => v
+                    .parse::<u64>()
+                    .map(Some)
+                    .map_err(|_| format!("{key}=`{v}` is not a whole number")),
+            }
+        };
+        let mut r = Self::default();
+        match number("FLEET_JOB_DISK_MB")? {
+            None => {}
+            Some(0) => r.disk_quota = None,
+            Some(mb) => {
+                let limit_bytes = mb
+                    .checked_mul(1024 * 1024)
+                    .ok_or_else(|| format!("FLEET_JOB_DISK_MB={mb} is too large"))?;
+                r.disk_quota = Some(disk::Quota {
+                    limit_bytes,
+                    every: Duration::from_millis(500),
+                });
+            }
+        }
+        match number("FLEET_JOB_DIR_MAX_AGE_SECONDS")? {
+            None => {}
+            Some(0) => return Err("FLEET_JOB_DIR_MAX_AGE_SECONDS must be above 0".into()),
+            Some(s) => r.dir_max_age = Duration::from_secs(s),
+        }
+        Ok(r)
+    }
+
+    /// How often stale job folders are looked for: a quarter of their maximum age, between a
+    /// second and an hour.
+    pub fn sweep_every(&self) -> Duration {
+        (self.dir_max_age / 4).clamp(Duration::from_secs(1), Duration::from_secs(3600))
     }
 }
 
@@ -60,6 +196,8 @@ pub struct Runner {
     pub blobs: Blobs,
     pub sandbox: Arc<dyn Sandbox>,
     pub metrics: Metrics,
+    /// Disk quota and job-folder age (`JobResources::from_env` by default).
+    pub resources: JobResources,
     git: GitCache,
     http: reqwest::Client,
     graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
@@ -83,9 +221,11 @@ pub struct Execution {
     pub container: String,
 }
 
-/// The job folder, removed whenever the execution ends: a result, an error, a panic.
+/// The job folder, removed whenever the execution ends: a result, an error, a panic. `remove`
+/// does it on the blocking pool; dropped without it (a panic on the way), it is removed where
+/// it is dropped.
 struct JobFolder {
-    dir: PathBuf,
+    dir: Option<PathBuf>,
     job: String,
 }
 
@@ -97,20 +237,34 @@ impl JobFolder {
         // Not `create_dir_all`: a folder that exists belongs to another execution.
         std::fs::create_dir(dir)?;
         Ok(Self {
-            dir: dir.to_path_buf(),
+            dir: Some(dir.to_path_buf()),
             job: job.to_string(),
         })
+    }
+
+    /// Removes the folder on the blocking pool (a job folder may hold gigabytes).
+    async fn remove(mut self) {
+        let (Some(dir), job) = (self.dir.take(), std::mem::take(&mut self.job)) else {
+            return;
+        };
+        crate::safe_fs::blocking(move || remove_job_dir(&dir, &job)).await;
+    }
+}
+
+fn remove_job_dir(dir: &Path, job: &str) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            warn!(job = %job, dir = %dir.display(), error = %e, "could not remove the job folder")
+        }
     }
 }
 
 impl Drop for JobFolder {
     fn drop(&mut self) {
-        match std::fs::remove_dir_all(&self.dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                warn!(job = %self.job, dir = %self.dir.display(), error = %e, "could not remove the job folder")
-            }
+        if let Some(dir) = self.dir.take() {
+            remove_job_dir(&dir, &self.job);
         }
     }
 }
@@ -144,14 +298,8 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// The result of an execution that panicked: an infrastructure error of this attempt, routed by
-/// the engine like any other.
-pub fn panicked_result(
-    spec: &JobSpec,
-    worker: &str,
-    started_at: String,
-    message: &str,
-) -> JobResult {
+/// An `Error` result of the attempt, carrying `error`.
+pub fn error_result(spec: &JobSpec, worker: &str, started_at: String, error: String) -> JobResult {
     JobResult {
         v: WIRE_VERSION,
         job_id: spec.job_id.clone(),
@@ -159,10 +307,7 @@ pub fn panicked_result(
         attempt: spec.attempt,
         status: JobStatus::Error,
         output: Value::Null,
-        error: Some(format!(
-            "the worker panicked running this job: {}",
-            shared::text::head(message, 2000)
-        )),
+        error: Some(error),
         commit: None,
         pack: None,
         artifacts: Default::default(),
@@ -172,6 +317,44 @@ pub fn panicked_result(
         finished_at: now(),
         container_seconds: 0.0,
     }
+}
+
+/// The result of an execution that panicked: an infrastructure error of this attempt, routed by
+/// the engine like any other.
+pub fn panicked_result(
+    spec: &JobSpec,
+    worker: &str,
+    started_at: String,
+    message: &str,
+) -> JobResult {
+    error_result(
+        spec,
+        worker,
+        started_at,
+        format!(
+            "the worker panicked running this job: {}",
+            shared::text::head(message, 2000)
+        ),
+    )
+}
+
+/// The result of an execution that failed for good (`RunError::Permanent`): an error of this
+/// attempt, reported at once rather than requeued until the delivery limit.
+pub fn permanent_result(
+    spec: &JobSpec,
+    worker: &str,
+    started_at: String,
+    reason: &str,
+) -> JobResult {
+    error_result(
+        spec,
+        worker,
+        started_at,
+        format!(
+            "the job cannot run (a permanent failure, not retried): {}",
+            shared::text::head(reason, 2000)
+        ),
+    )
 }
 
 /// Random enough to tell two processes of one worker id apart (std only: the hasher's keys are
@@ -194,12 +377,16 @@ fn now() -> String {
 }
 
 impl Runner {
+    /// Refuses a root sandbox user and bad resource settings (`JobResources::from_env`) before
+    /// anything else.
     pub fn new(
         config: WorkerConfig,
         blobs: Blobs,
         sandbox: Arc<dyn Sandbox>,
         metrics: Metrics,
-    ) -> Result<Self, GitError> {
+    ) -> Result<Self, StartError> {
+        crate::sandbox::check_user(&config.sandbox_user).map_err(StartError::Config)?;
+        let resources = JobResources::from_env()?;
         std::fs::create_dir_all(config.work_dir.join("jobs"))?;
         let git = GitCache::open(&config.work_dir.join("git"))?;
         let mut config = config;
@@ -217,6 +404,7 @@ impl Runner {
             blobs,
             sandbox,
             metrics,
+            resources,
             git,
             http: reqwest::Client::new(),
             graphs: Mutex::new(HashMap::new()),
@@ -224,6 +412,50 @@ impl Runner {
             executions: AtomicU64::new(0),
             nonce: process_nonce(),
         })
+    }
+
+    /// Replaces the job resources read from the environment (tests, embedders).
+    pub fn with_resources(mut self, resources: JobResources) -> Self {
+        self.resources = resources;
+        self
+    }
+
+    fn jobs_dir(&self) -> PathBuf {
+        self.config.work_dir.join("jobs")
+    }
+
+    /// Removes the job folders of this worker that no execution of this process made: what a
+    /// killed process left (its containers are reaped by label). Called once at start, before
+    /// any job is taken. Returns how many were removed.
+    pub async fn remove_leftover_job_dirs(&self) -> usize {
+        let (jobs, nonce) = (self.jobs_dir(), self.nonce.clone());
+        let removed = crate::safe_fs::blocking(move || {
+            sweep_job_dirs(&jobs, |name, _| left_by_another_process(name, &nonce))
+        })
+        .await;
+        self.metrics
+            .job_dirs_removed
+            .with_label_values(&["start"])
+            .inc_by(removed as u64);
+        removed
+    }
+
+    /// Removes job folders older than `resources.dir_max_age` that no running execution owns
+    /// (a folder whose removal failed when its job ended). Returns how many were removed.
+    pub async fn remove_stale_job_dirs(&self) -> usize {
+        // Taken before the listing: an execution that starts later has a fresh folder.
+        let running: std::collections::HashSet<String> =
+            unpoisoned(&self.running).keys().cloned().collect();
+        let (jobs, max_age) = (self.jobs_dir(), self.resources.dir_max_age);
+        let removed = crate::safe_fs::blocking(move || {
+            sweep_job_dirs(&jobs, |name, age| stale(name, age, &running, max_age))
+        })
+        .await;
+        self.metrics
+            .job_dirs_removed
+            .with_label_values(&["stale"])
+            .inc_by(removed as u64);
+        removed
     }
 
     async fn bundle(&self, key: &str) -> Result<Arc<GraphBundle>, RunError> {
@@ -293,7 +525,7 @@ impl Runner {
         drop(registered);
         match supervised {
             Ok(Ok(result)) => {
-                drop(folder);
+                folder.remove().await;
                 self.metrics.observe_job(
                     spec.kind,
                     result.status,
@@ -303,7 +535,10 @@ impl Runner {
                 info!(job = %spec.job_id, attempt = spec.attempt, execution = %exec.tag, status = ?result.status, seconds = started.elapsed().as_secs_f64(), "job finished");
                 Ok(result)
             }
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => {
+                folder.remove().await;
+                Err(e)
+            }
             Err(payload) => {
                 let message = panic_message(payload.as_ref());
                 error!(job = %spec.job_id, attempt = spec.attempt, execution = %exec.tag, panic = %message, "the job panicked; removing its container and folder and reporting it as an error");
@@ -311,7 +546,7 @@ impl Runner {
                 if let Err(e) = self.sandbox.remove_named(&exec.container).await {
                     warn!(job = %spec.job_id, container = %exec.container, error = %e, "could not remove the container of a panicked job");
                 }
-                drop(folder);
+                folder.remove().await;
                 let result = panicked_result(spec, &self.config.id, started_at, &message);
                 self.metrics.job_panicked();
                 self.metrics.observe_job(
@@ -369,22 +604,17 @@ impl Runner {
     ) -> Result<(StepOutcome, Usage, Option<String>, Option<String>, f64), RunError> {
         let dir = exec.dir.as_path();
         let bundle = self.bundle(&spec.graph_ref).await?;
-        let node = bundle
-            .graph
-            .node(&spec.node)
-            .ok_or_else(|| RunError::Transient(format!("node `{}` not in graph", spec.node)))?;
+        let node = bundle.graph.node(&spec.node).ok_or_else(|| {
+            RunError::Permanent(format!(
+                "node `{}` is not in the job's graph `{}`",
+                spec.node, spec.graph_ref
+            ))
+        })?;
 
         let worktree = match &spec.worktree {
             Some(w) => {
-                self.git
-                    .ensure_packs(&self.blobs, &w.packs)
-                    .await
-                    .map_err(|e| RunError::Transient(e.to_string()))?;
-                let wt = self
-                    .git
-                    .materialize(&w.commit, dir)
-                    .map_err(|e| RunError::Transient(e.to_string()))?;
-                Some(wt)
+                self.git.ensure_packs(&self.blobs, &w.packs).await?;
+                Some(self.git.materialize(&w.commit, dir).await?)
             }
             None => None,
         };
@@ -400,7 +630,10 @@ impl Runner {
             .worktree
             .as_ref()
             .is_some_and(|w| w.mode == WorktreeMode::Rw);
-        hand_over(&mount, &self.config.sandbox_user);
+        {
+            let (mount, user) = (mount.clone(), self.config.sandbox_user.clone());
+            crate::safe_fs::blocking(move || hand_over(&mount, &user)).await;
+        }
 
         let needs_container = match spec.kind {
             NodeKind::Agent | NodeKind::Command => true,
@@ -422,7 +655,7 @@ impl Runner {
             let image = spec
                 .image
                 .clone()
-                .ok_or_else(|| RunError::Transient(format!("node `{}` has no image", spec.node)))?;
+                .ok_or_else(|| RunError::Permanent(format!("node `{}` has no image", spec.node)))?;
             let sandbox_spec = SandboxSpec {
                 name: exec.container.clone(),
                 image,
@@ -460,7 +693,7 @@ impl Runner {
                     };
                     return Ok((step, Usage::default(), None, None, 0.0));
                 }
-                Err(e) => return Err(RunError::Transient(e.to_string())),
+                Err(e) => return Err(e.into()),
             }
         } else {
             None
@@ -474,9 +707,19 @@ impl Runner {
             session.as_deref(),
             art,
         );
+        // The job folder's quota is watched while the step runs: the container writes the
+        // worktree (and the harness folder) through bind mounts its own limits do not bound.
+        let quota = self.resources.disk_quota;
+        let watch = async {
+            match quota {
+                Some(q) => disk::watch(dir, q).await,
+                None => std::future::pending().await,
+            }
+        };
         let stepped = tokio::select! {
-            r = tokio::time::timeout(timeout, work) => Some(r),
-            _ = stop.cancelled() => None,
+            r = tokio::time::timeout(timeout, work) => Ended::Step(r),
+            _ = stop.cancelled() => Ended::Stopped,
+            over = watch => Ended::OverQuota(over),
         };
         if let Some(s) = &session {
             if let Err(e) = s.remove().await {
@@ -488,8 +731,17 @@ impl Runner {
         } else {
             0.0
         };
+        // A writer quicker than the watch (between two walks) is caught here, once nothing
+        // writes any more.
+        let stepped = match (stepped, quota) {
+            (Ended::Step(r), Some(q)) => match disk::over(disk::measure(dir).await, q) {
+                Some(over) => Ended::OverQuota(over),
+                None => Ended::Step(r),
+            },
+            (other, _) => other,
+        };
         let (step, usage) = match stepped {
-            None => {
+            Ended::Stopped => {
                 info!(job = %spec.job_id, "job stopped: its run no longer needs it");
                 (
                     StepOutcome {
@@ -500,8 +752,21 @@ impl Runner {
                     Usage::default(),
                 )
             }
-            Some(Ok(r)) => r?,
-            Some(Err(_)) => (
+            Ended::OverQuota(over) => {
+                // Measured again with the writer gone: how far past the quota it got.
+                let settled = disk::measure(dir).await;
+                warn!(job = %spec.job_id, used_bytes = over.used_bytes, limit_bytes = over.limit_bytes, after_kill_bytes = settled.bytes, "the job folder went over its disk quota; the job is ended");
+                self.metrics.disk_quota_exceeded();
+                return Ok((
+                    quota_exceeded(over, settled),
+                    Usage::default(),
+                    None,
+                    None,
+                    container_seconds,
+                ));
+            }
+            Ended::Step(Ok(r)) => r?,
+            Ended::Step(Err(_)) => (
                 StepOutcome {
                     status: JobStatus::TimedOut,
                     output: Value::Null,
@@ -519,7 +784,7 @@ impl Runner {
         if let (Some(wt), Some(w)) = (&worktree, &spec.worktree) {
             if w.commit_out && step.status == JobStatus::Ok {
                 let message = commit_message(spec, &step.output, &usage);
-                let made = match wt.commit_all(&message) {
+                let made = match wt.blocking(move |wt| wt.commit_all(&message)).await {
                     Ok(made) => made,
                     // What the job left in the worktree cannot be committed (a nested
                     // repository, a path git refuses): the job's doing, never retried.
@@ -541,11 +806,11 @@ impl Runner {
                             container_seconds,
                         ));
                     }
-                    Err(e) => return Err(RunError::Transient(e.to_string())),
+                    Err(e) => return Err(e.into()),
                 };
                 let id = made.unwrap_or_else(|| wt.head());
                 if spec.kind != NodeKind::Git {
-                    if let Some(refused) = enforce_scope(spec, wt, &id)? {
+                    if let Some(refused) = enforce_scope(spec, wt, &id).await? {
                         art.put_json("scope_violation.json", &refused.output["scope_violation"])
                             .await?;
                         return Ok((
@@ -558,9 +823,10 @@ impl Runner {
                     }
                 }
                 if id != wt.base() {
+                    let commit_id = id.clone();
                     let bytes = wt
-                        .pack_since_base(&id)
-                        .map_err(|e| RunError::Transient(e.to_string()))?;
+                        .blocking(move |wt| wt.pack_since_base(&commit_id))
+                        .await?;
                     let key = format!("packs/{}.pack", shared::hashing::sha256_hex(&bytes));
                     self.blobs.put(&key, bytes).await?;
                     pack = Some(key);
@@ -584,18 +850,25 @@ impl Runner {
         let timeout = Duration::from_secs(spec.timeout_seconds);
         let harness_dir = dir.join("harness");
         let seed = format!("{}:{}", spec.job_id, spec.attempt);
-        let no_worktree = || RunError::Transient(format!("node `{}` needs a worktree", spec.node));
+        let no_worktree = || RunError::Permanent(format!("node `{}` needs a worktree", spec.node));
         match spec.kind {
             NodeKind::Agent => {
                 let session = session.expect("agents run in a container");
                 let template_path = node.template.as_deref().unwrap_or_default();
                 let schema_path = node.output_schema.as_deref().unwrap_or_default();
                 let schema: Value = serde_json::from_str(bundle.file(schema_path).unwrap_or("{}"))
-                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                    .map_err(|e| {
+                        RunError::Permanent(format!(
+                            "the output schema `{schema_path}` is not json: {e}"
+                        ))
+                    })?;
                 let mut ctx = spec.vars.clone();
                 ctx["params"] = spec.params.clone();
                 ctx["context_files"] = match wt {
-                    Some(wt) => read_context(&wt.dir, &spec.context_files),
+                    Some(wt) => {
+                        let files = spec.context_files.clone();
+                        wt.blocking(move |wt| read_context(&wt.dir, &files)).await
+                    }
                     None => json!([]),
                 };
                 let prompt = match shared::expr::render(
@@ -635,7 +908,13 @@ impl Runner {
                 if out.status == JobStatus::Ok {
                     if let (Some(claims), Some(wt)) = (&node.claims, wt) {
                         let since = spec.worktree.as_ref().and_then(|w| w.run_base.as_deref());
-                        check_claims(claims, wt, since, &mut out);
+                        let (claims, since) = (claims.clone(), since.map(str::to_string));
+                        out = wt
+                            .blocking(move |wt| {
+                                check_claims(&claims, wt, since.as_deref(), &mut out);
+                                out
+                            })
+                            .await;
                     }
                 }
                 art.put_json("transcript.json", &out.transcript).await?;
@@ -691,8 +970,11 @@ impl Runner {
                         verify::check_build(&spec.params, &root, session, art).await?
                     }
                     Some("generate_mutants") => {
-                        let step =
-                            mutation::generate(&spec.params, &wt.ok_or_else(no_worktree)?.dir);
+                        let params = spec.params.clone();
+                        let step = wt
+                            .ok_or_else(no_worktree)?
+                            .blocking(move |wt| mutation::generate(&params, &wt.dir))
+                            .await;
                         art.put_json("mutants.json", &step.output).await?;
                         step
                     }
@@ -735,8 +1017,10 @@ impl Runner {
             NodeKind::Git => {
                 let op = node.op.as_deref().unwrap_or_default();
                 let wt = wt.ok_or_else(no_worktree)?;
-                let step = harness::git_step(op, &spec.params, spec, wt)
-                    .map_err(|e| RunError::Transient(e.to_string()))?;
+                let (op, job) = (op.to_string(), spec.clone());
+                let step = wt
+                    .blocking(move |wt| harness::git_step(&op, &job.params, &job, wt))
+                    .await?;
                 art.put_json("git_result.json", &step.output).await?;
                 Ok((step, Usage::default()))
             }
@@ -752,9 +1036,32 @@ impl Runner {
     }
 }
 
+/// How the step ended.
+enum Ended {
+    Step(Result<Result<(StepOutcome, Usage), RunError>, tokio::time::error::Elapsed>),
+    /// The coordinator stopped the job (its run ended).
+    Stopped,
+    /// The job folder went over its disk quota.
+    OverQuota(disk::Exceeded),
+}
+
+/// The outcome of a job whose folder went over its quota: a failure of the job's own doing
+/// (like a scope violation), with both sizes; `settled` is the folder once the writer was gone.
+fn quota_exceeded(over: disk::Exceeded, settled: disk::DiskUsage) -> StepOutcome {
+    StepOutcome {
+        status: JobStatus::Failed,
+        output: json!({"disk_quota_exceeded": {
+            "used_bytes": over.used_bytes,
+            "limit_bytes": over.limit_bytes,
+            "after_kill_bytes": settled.bytes,
+        }}),
+        error: Some(over.message()),
+    }
+}
+
 /// The write scope, checked on git's own deltas between the job's start and its commit. `Some`
 /// is the refusal: the commit is not handed on.
-fn enforce_scope(
+async fn enforce_scope(
     spec: &JobSpec,
     wt: &Worktree,
     commit: &str,
@@ -762,8 +1069,9 @@ fn enforce_scope(
     let changes = if commit == wt.base() {
         Vec::new()
     } else {
-        wt.changes(&wt.base(), commit)
-            .map_err(|e| RunError::Transient(e.to_string()))?
+        let commit = commit.to_string();
+        wt.blocking(move |wt| wt.changes(&wt.base(), &commit))
+            .await?
     };
     let refuse = |violations: Vec<shared::scope::Violation>, error: String| {
         Some(StepOutcome {
@@ -883,6 +1191,75 @@ fn check_claims(
             obj.insert("claim_errors".into(), serde_json::json!(errors));
         }
     }
+}
+
+/// The execution tag at the end of a job folder's name (`<job>-a<attempt>-e<N>-<nonce>`).
+fn folder_tag(name: &str) -> Option<&str> {
+    let (rest, nonce) = name.rsplit_once('-')?;
+    let (_, n) = rest.rsplit_once('-')?;
+    let digits = n.strip_prefix('e')?;
+    let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric());
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || !plain(nonce) {
+        return None;
+    }
+    Some(&name[name.len() - n.len() - 1 - nonce.len()..])
+}
+
+/// An entry of the jobs folder that no execution of the process with `nonce` made (anything
+/// there that is not a job folder of this process counts too: the folder is the worker's).
+fn left_by_another_process(name: &str, nonce: &str) -> bool {
+    folder_tag(name)
+        .and_then(|t| t.rsplit_once('-'))
+        .map(|(_, n)| n)
+        != Some(nonce)
+}
+
+/// A job folder older than `max_age` whose execution is not running.
+fn stale(
+    name: &str,
+    age: Duration,
+    running: &std::collections::HashSet<String>,
+    max_age: Duration,
+) -> bool {
+    age > max_age && !folder_tag(name).is_some_and(|t| running.contains(t))
+}
+
+/// Removes the entries of `jobs` that `remove(name, age)` picks (age: since the entry last
+/// changed); links are removed, never followed. Returns how many went.
+fn sweep_job_dirs(jobs: &Path, remove: impl Fn(&str, Duration) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(jobs) else {
+        return 0;
+    };
+    let now = std::time::SystemTime::now();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .unwrap_or_default();
+        if !remove(&name, age) {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if meta.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match gone {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(dir = %path.display(), error = %e, "could not remove a job folder")
+            }
+        }
+    }
+    removed
 }
 
 /// Container names are unique per worker, job, attempt and execution.
@@ -1035,5 +1412,167 @@ mod tests {
         assert!(dir.exists(), "the refused second one did not remove it");
         drop(folder);
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_permanent_failure_becomes_an_error_result_of_the_same_attempt() {
+        let r = permanent_result(
+            &spec(),
+            "w1",
+            "2024-01-01T00:00:00.000Z".into(),
+            "node `ghost` is not in the job's graph `g`",
+        );
+        assert_eq!(r.status, JobStatus::Error);
+        assert_eq!(r.attempt, 2);
+        assert_eq!(r.worker, "w1");
+        let error = r.error.unwrap();
+        assert!(error.contains("permanent"), "{error}");
+        assert!(error.contains("node `ghost` is not in"), "{error}");
+    }
+
+    #[test]
+    fn errors_are_classed_once_where_they_are_made() {
+        let git = |code, class| GitError::Git(git2::Error::new(code, class, "x"));
+        use git2::{ErrorClass, ErrorCode};
+        // A commit that is not in the packs, an id that is not one: never on another try.
+        let missing: RunError = git(ErrorCode::NotFound, ErrorClass::Odb).into();
+        assert!(!missing.is_transient(), "{missing}");
+        let bad_id: RunError = git(ErrorCode::GenericError, ErrorClass::Invalid).into();
+        assert!(!bad_id.is_transient());
+        // The disk, a lock, the store: maybe next time.
+        let os: RunError = git(ErrorCode::GenericError, ErrorClass::Os).into();
+        assert!(os.is_transient());
+        let locked: RunError = git(ErrorCode::Locked, ErrorClass::Index).into();
+        assert!(locked.is_transient());
+        let io: RunError = GitError::Io(std::io::Error::other("disk full")).into();
+        assert!(io.is_transient());
+        let apply: RunError = GitError::Apply("hunk 1 failed".into()).into();
+        assert!(!apply.is_transient());
+        let store = |e| -> RunError { BlobError::Store(e).into() };
+        assert!(!store(object_store::Error::NotFound {
+            path: "graphs/g.json".into(),
+            source: "gone".into()
+        })
+        .is_transient());
+        assert!(store(object_store::Error::Generic {
+            store: "S3",
+            source: "connection reset".into()
+        })
+        .is_transient());
+        let sandbox: RunError = SandboxError::Refused("root".into()).into();
+        assert!(!sandbox.is_transient());
+        assert_eq!(sandbox.reason(), "refused: root");
+        let docker: RunError = SandboxError::Io(std::io::Error::other("socket")).into();
+        assert!(docker.is_transient());
+    }
+
+    #[test]
+    fn job_resources_come_from_the_environment_with_defaults() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let d = JobResources::from_lookup(env(&[])).unwrap();
+        assert_eq!(d, JobResources::default());
+        assert_eq!(d.disk_quota.unwrap().limit_bytes, DEFAULT_JOB_DISK_MB << 20);
+        assert_eq!(d.dir_max_age, Duration::from_secs(86_400));
+        assert_eq!(d.sweep_every(), Duration::from_secs(3600));
+        let r = JobResources::from_lookup(env(&[
+            ("FLEET_JOB_DISK_MB", "50"),
+            ("FLEET_JOB_DIR_MAX_AGE_SECONDS", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(r.disk_quota.unwrap().limit_bytes, 50 << 20);
+        assert_eq!(r.dir_max_age, Duration::from_secs(2));
+        assert_eq!(r.sweep_every(), Duration::from_secs(1));
+        let off = JobResources::from_lookup(env(&[("FLEET_JOB_DISK_MB", "0")])).unwrap();
+        assert_eq!(off.disk_quota, None);
+        for bad in [
+            &[("FLEET_JOB_DISK_MB", "2G")][..],
+            &[("FLEET_JOB_DISK_MB", "-1")],
+            &[("FLEET_JOB_DISK_MB", "99999999999999999")],
+            &[("FLEET_JOB_DIR_MAX_AGE_SECONDS", "0")],
+            &[("FLEET_JOB_DIR_MAX_AGE_SECONDS", "1d")],
+        ] {
+            let bad: &'static [(&'static str, &'static str)] = bad;
+            let e = JobResources::from_lookup(env(bad)).unwrap_err();
+            assert!(e.contains(bad[0].0), "{e}");
+        }
+    }
+
+    #[test]
+    fn job_folder_names_end_with_their_execution_tag() {
+        assert_eq!(folder_tag("r1.po.1-a2-e3-0abc12"), Some("e3-0abc12"));
+        assert_eq!(folder_tag("r1.my-node.1-a1-e10-ff00aa"), Some("e10-ff00aa"));
+        for odd in [
+            "",
+            "x",
+            "r1.po.1",
+            "r1-a1-ex-0abc12",
+            "r1-a1-e1-",
+            "r1-a1-e-0abc",
+            "e1-0a",
+        ] {
+            assert_eq!(folder_tag(odd), None, "{odd}");
+        }
+        // Nonces are made so.
+        let n = process_nonce();
+        assert_eq!(
+            folder_tag(&format!("j-a1-e1-{n}")),
+            Some(&*format!("e1-{n}"))
+        );
+    }
+
+    #[test]
+    fn at_start_every_folder_but_this_processes_goes() {
+        assert!(left_by_another_process("r1.po.1-a1-e4-aaaaaa", "bbbbbb"));
+        assert!(!left_by_another_process("r1.po.1-a1-e4-bbbbbb", "bbbbbb"));
+        assert!(left_by_another_process("stray-file", "bbbbbb"));
+        assert!(left_by_another_process("x-a1-e1-abbbbbb", "bbbbbb"));
+    }
+
+    #[test]
+    fn only_old_folders_of_executions_not_running_are_stale() {
+        let day = Duration::from_secs(86_400);
+        let running: std::collections::HashSet<String> = ["e1-aaaaaa".to_string()].into();
+        let old = day + Duration::from_secs(1);
+        assert!(!stale("r1.a.1-a1-e1-aaaaaa", old, &running, day), "running");
+        assert!(stale("r1.a.1-a1-e2-aaaaaa", old, &running, day));
+        assert!(
+            !stale("r1.a.1-a1-e2-aaaaaa", day, &running, day),
+            "not older"
+        );
+        assert!(stale("leftover", old, &running, day));
+        assert!(!stale("leftover", Duration::ZERO, &running, day));
+    }
+
+    #[test]
+    fn a_folder_over_its_quota_fails_the_job_with_both_sizes() {
+        let step = quota_exceeded(
+            disk::Exceeded {
+                used_bytes: 60 << 20,
+                limit_bytes: 50 << 20,
+            },
+            disk::DiskUsage {
+                bytes: 70 << 20,
+                entries: 3,
+            },
+        );
+        assert_eq!(step.status, JobStatus::Failed);
+        assert!(step
+            .error
+            .as_deref()
+            .unwrap()
+            .starts_with("disk_quota_exceeded: "));
+        assert_eq!(
+            step.output,
+            json!({"disk_quota_exceeded": {
+                "used_bytes": 60 << 20, "limit_bytes": 50 << 20, "after_kill_bytes": 70 << 20
+            }})
+        );
     }
 }

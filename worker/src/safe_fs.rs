@@ -57,6 +57,18 @@ impl SafeFsError {
     }
 }
 
+/// Runs `f` on the blocking pool and waits for it: file-system walks and libgit2 must not hold
+/// one of the runtime's threads. A panic in `f` continues in the caller (where a job's panic is
+/// caught and reported), as if `f` had run there.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => v,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only when the runtime shuts down before the task started.
+        Err(e) => panic!("blocking work did not run: {e}"),
+    }
+}
+
 /// At most `cap` bytes of a file; `size` is the file's size when it was opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capped {

@@ -3,7 +3,9 @@
 //! worktree), stray processes are killed before the report is read (never following a link,
 //! with a size cap), a harness-owned canary must show up failing, and the verdict comes from the
 //! per-test outcomes (`shared::testreport`), never from the exit code alone. Frozen tests are
-//! laid down again from the tests' commit before every run.
+//! laid down again from the tests' commit before every run. Host-side file work (laying tests
+//! down, the harness folder, reading and parsing the report, the policy's parse) runs on the
+//! blocking pool.
 
 use crate::git::Worktree;
 use crate::harness::{Artifacts, StepOutcome};
@@ -92,8 +94,8 @@ pub fn bad_params(e: impl std::fmt::Display) -> StepOutcome {
     }
 }
 
-/// Lays the frozen test files down again from the tests' commit.
-pub fn lay_down_frozen(
+/// Lays the frozen test files down again from the tests' commit (on the blocking pool).
+pub async fn lay_down_frozen(
     wt: &Worktree,
     frozen: &Frozen,
     test_paths: &[String],
@@ -102,9 +104,13 @@ pub fn lay_down_frozen(
         globs: test_paths.to_vec(),
         ..Default::default()
     };
-    let matcher = ScopeMatcher::new(&scope).map_err(|e| e.to_string())?;
-    wt.restore_paths(&frozen.commit, &|p| matcher.covers(p))
-        .map_err(|e| format!("cannot lay down the frozen tests: {e}"))
+    let commit = frozen.commit.clone();
+    wt.blocking(move |wt| {
+        let matcher = ScopeMatcher::new(&scope).map_err(|e| e.to_string())?;
+        wt.restore_paths(&commit, &|p| matcher.covers(p))
+            .map_err(|e| format!("cannot lay down the frozen tests: {e}"))
+    })
+    .await
 }
 
 fn nonce(seed: &str) -> String {
@@ -136,20 +142,24 @@ pub async fn observe(
             .map(|(file, _)| format!("{harness_mount}/canary/{file}")),
     };
     let inv = lang::test_invocation(&params.language, &argv, &layout).map_err(|e| e.to_string())?;
-    let io = |e: safe_fs::SafeFsError| format!("harness folder: {e}");
-    for (name, body) in &inv.harness_files {
-        safe_fs::write_beneath(place.harness_dir, name, body.as_bytes()).map_err(io)?;
-    }
-    if let Some((file, body)) = &canary {
-        safe_fs::write_beneath(
-            place.harness_dir,
-            &format!("canary/{file}"),
-            body.as_bytes(),
-        )
-        .map_err(io)?;
-    }
-    if let Some(report) = &inv.report_file {
-        safe_fs::remove_beneath(place.harness_dir, report).map_err(io)?;
+    {
+        let io = |e: safe_fs::SafeFsError| format!("harness folder: {e}");
+        let dir = place.harness_dir.to_path_buf();
+        let mut files = inv.harness_files.clone();
+        if let Some((file, body)) = &canary {
+            files.push((format!("canary/{file}"), body.clone()));
+        }
+        let report = inv.report_file.clone();
+        safe_fs::blocking(move || {
+            for (name, body) in &files {
+                safe_fs::write_beneath(&dir, name, body.as_bytes()).map_err(io)?;
+            }
+            if let Some(report) = &report {
+                safe_fs::remove_beneath(&dir, report).map_err(io)?;
+            }
+            Ok::<(), String>(())
+        })
+        .await?;
     }
     // The runner ends itself a little before the container's own deadline would.
     let limit = params.timeout_seconds.max(1);
@@ -187,7 +197,10 @@ pub async fn observe(
     let stdout = String::from_utf8_lossy(&exec.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&exec.stderr).into_owned();
     let report = match inv.report {
-        ReportSource::JunitFile => read_junit(place.harness_dir, inv.report_file.as_deref()),
+        ReportSource::JunitFile => {
+            let (dir, file) = (place.harness_dir.to_path_buf(), inv.report_file.clone());
+            safe_fs::blocking(move || read_junit(&dir, file.as_deref())).await
+        }
         ReportSource::LibtestStdout => {
             testreport::parse_libtest(&stdout).map_err(|e| format!("unreadable test output: {e}"))
         }
@@ -379,7 +392,7 @@ pub async fn run_tests(
     };
     let mut laid = Vec::new();
     if let Some(frozen) = &p.frozen {
-        match lay_down_frozen(place.wt, frozen, &p.test_paths) {
+        match lay_down_frozen(place.wt, frozen, &p.test_paths).await {
             Ok(l) => laid = l,
             Err(e) => {
                 return Ok(StepOutcome {
@@ -581,7 +594,16 @@ pub async fn check_build(
         Ok(p) => p,
         Err(e) => return Ok(bad_params(e)),
     };
-    if let Some(refused) = impl_policy(&p.language, &p.impl_paths, &p.allow, root) {
+    let refused = {
+        let (language, paths, allow, root) = (
+            p.language.clone(),
+            p.impl_paths.clone(),
+            p.allow.clone(),
+            root.to_path_buf(),
+        );
+        safe_fs::blocking(move || impl_policy(&language, &paths, &allow, &root)).await
+    };
+    if let Some(refused) = refused {
         return Ok(refused);
     }
     let argv = match shared::factory::split_command(&p.build_command) {

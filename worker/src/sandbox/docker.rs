@@ -1,9 +1,17 @@
 //! Docker adapter (bollard). Every container is locked down: no network unless asked, a
 //! non-root user, all capabilities dropped, no new privileges, read-only root with a small
-//! `/tmp`, limits on memory, CPU and pids, no Docker socket, and a lifetime after which its own
-//! `sleep` ends it. Only this module knows bollard.
-
-use super::{ExecOutput, Limits, Sandbox, SandboxError, SandboxSpec, Session, TailBuffer};
+//! `/tmp` and `/dev/shm` (tmpfs, capped), limits on memory, CPU and pids, no Docker socket, and a
+//! lifetime after which its own `sleep` ends it. Only this module knows bollard.
+//!
+//! Docker's init (`docker-init`, tini) is the container's PID 1: it reaps the zombies a job's
+//! daemons leave and forwards signals. Its child, the `sleep` that keeps the container up, runs
+//! as a *keeper* user that is not the job's: every command of the job is exec'd as the sandbox
+//! user, so `kill -9 -1` from a job command (how strays are killed) reaches every process of
+//! the job and neither the init (PID 1 is never signalled that way) nor the `sleep` (another
+//! user), whose end would end the container with it.
+use super::{
+    check_user, ExecOutput, Limits, Sandbox, SandboxError, SandboxSpec, Session, TailBuffer,
+};
 use async_trait::async_trait;
 use bollard::container::{
     Config, CreateContainerOptions, ListContainersOptions, LogOutput, RemoveContainerOptions,
@@ -20,6 +28,21 @@ use tracing::debug;
 pub const MOUNT: &str = "/work";
 pub const HARNESS_MOUNT: &str = "/fleet";
 pub const WORKER_LABEL: &str = "fleet.worker";
+
+/// The user of the container's own processes (its init and `sleep`): a non-root user that is
+/// never the job's, so the job's `kill -9 -1` cannot end the container.
+pub fn keeper_user(job_uid: u32) -> String {
+    let uid = if job_uid == 65534 { 65533 } else { 65534 };
+    format!("{uid}:{uid}")
+}
+
+/// Options of the container's `/tmp`: a tmpfs of at most `bytes`, and a bounded inode count.
+pub fn tmp_options(bytes: i64) -> String {
+    let bytes = bytes.max(1024 * 1024);
+    // One inode per 4 KiB of size at most: enough for any sane use, bounded anyway.
+    let inodes = (bytes / 4096).clamp(1024, 1 << 20);
+    format!("rw,nosuid,nodev,size={bytes},nr_inodes={inodes},mode=1777")
+}
 
 pub struct DockerSandbox {
     docker: Docker,
@@ -50,6 +73,8 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
+        // Checked at the worker's start too; a container never runs as root whoever calls.
+        let (uid, _) = check_user(&self.user).map_err(SandboxError::Refused)?;
         if !self.has_image(&spec.image).await {
             return Err(SandboxError::MissingImage(spec.image.clone()));
         }
@@ -73,8 +98,11 @@ impl Sandbox for DockerSandbox {
             readonly_rootfs: Some(true),
             tmpfs: Some(HashMap::from([(
                 "/tmp".to_string(),
-                "rw,nosuid,size=256m".to_string(),
+                tmp_options(self.limits.tmp_bytes),
             )])),
+            shm_size: Some(self.limits.shm_bytes.max(1024 * 1024)),
+            // docker-init as PID 1: zombies reaped, signals forwarded.
+            init: Some(true),
             ..Default::default()
         };
         let config = Config {
@@ -83,7 +111,8 @@ impl Sandbox for DockerSandbox {
                 "sleep".to_string(),
                 spec.lifetime.as_secs().max(1).to_string(),
             ]),
-            user: Some(self.user.clone()),
+            // The init and the `sleep`; every command of the job is exec'd as `self.user`.
+            user: Some(keeper_user(uid)),
             working_dir: Some(MOUNT.to_string()),
             env: Some(vec![
                 "HOME=/tmp".to_string(),
@@ -119,6 +148,7 @@ impl Sandbox for DockerSandbox {
             id: created.id,
             limits: self.limits.clone(),
             harness: spec.harness_dir.is_some(),
+            user: self.user.clone(),
         };
         if let Err(e) = self
             .docker
@@ -182,6 +212,8 @@ struct DockerSession {
     id: String,
     limits: Limits,
     harness: bool,
+    /// The sandbox user: every exec runs as it, never as the keeper.
+    user: String,
 }
 
 #[async_trait]
@@ -203,6 +235,7 @@ impl Session for DockerSession {
                     attach_stderr: Some(true),
                     attach_stdin: Some(stdin.is_some()),
                     working_dir: Some(MOUNT.to_string()),
+                    user: Some(self.user.clone()),
                     ..Default::default()
                 },
             )
@@ -274,8 +307,9 @@ impl Session for DockerSession {
     }
 
     async fn kill_strays(&self) -> Result<(), SandboxError> {
-        // kill(-1) reaches every process of the container's user but the caller and the
-        // container's init (its `sleep`); the shell's builtin, so nothing else is needed.
+        // kill(-1) reaches every process of the sandbox user but the caller: the init (PID 1)
+        // and the `sleep` (the keeper user's) stay, so the container does. The shell's builtin,
+        // so nothing else is needed.
         let argv = ["sh", "-c", "kill -9 -1 2>/dev/null; true"].map(String::from);
         self.exec(&argv, None, Duration::from_secs(30)).await?;
         Ok(())
@@ -289,5 +323,33 @@ impl Session for DockerSession {
             }) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keeper_user, tmp_options};
+
+    #[test]
+    fn the_keeper_is_never_the_job_user_nor_root() {
+        assert_eq!(keeper_user(10001), "65534:65534");
+        assert_eq!(keeper_user(65534), "65533:65533");
+        for uid in [1, 1000, 10001, 65533, 65534, 65535] {
+            let k = keeper_user(uid);
+            let (ku, kg) = k.split_once(':').unwrap();
+            assert_ne!(ku.parse::<u32>().unwrap(), uid);
+            assert_ne!(ku, "0");
+            assert_ne!(kg, "0");
+        }
+    }
+
+    #[test]
+    fn tmp_is_bounded_in_size_and_inodes() {
+        assert_eq!(
+            tmp_options(256 << 20),
+            "rw,nosuid,nodev,size=268435456,nr_inodes=65536,mode=1777"
+        );
+        assert!(tmp_options(0).contains("size=1048576,nr_inodes=1024"));
+        assert!(tmp_options(1 << 40).contains("nr_inodes=1048576"));
     }
 }

@@ -2,6 +2,7 @@
 //! `docker` is the real adapter (bollard); `local` runs host processes and exists only for the
 //! embedded mode when the user asks for it by name.
 
+pub mod disk;
 pub mod docker;
 pub mod local;
 
@@ -18,8 +19,28 @@ pub enum SandboxError {
     MissingImage(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The sandbox refuses the request as given (a root user): retrying cannot help.
+    #[error("refused: {0}")]
+    Refused(String),
     #[error("{0}")]
     Other(String),
+}
+
+impl SandboxError {
+    /// May pass on another try (the daemon unreachable or busy, a container that vanished, the
+    /// host's file system). A request Docker refuses as malformed (4xx but for a conflict, a
+    /// missing container, a timeout or a rate limit), a missing image and a refused user do
+    /// not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SandboxError::Docker(bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                ..
+            }) => !(400..500).contains(status_code) || matches!(status_code, 404 | 408 | 409 | 429),
+            SandboxError::Docker(_) | SandboxError::Io(_) | SandboxError::Other(_) => true,
+            SandboxError::MissingImage(_) | SandboxError::Refused(_) => false,
+        }
+    }
 }
 
 /// Limits applied to every container.
@@ -30,6 +51,10 @@ pub struct Limits {
     pub pids: i64,
     /// Bytes of stdout and of stderr kept per command (the tail is kept).
     pub output_bytes: usize,
+    /// Size of the container's `/tmp` (a tmpfs: memory, charged to the container).
+    pub tmp_bytes: i64,
+    /// Size of the container's `/dev/shm` (a tmpfs too).
+    pub shm_bytes: i64,
 }
 
 impl Default for Limits {
@@ -39,8 +64,61 @@ impl Default for Limits {
             nano_cpus: 1_000_000_000,
             pids: 256,
             output_bytes: 1024 * 1024,
+            tmp_bytes: 256 * 1024 * 1024,
+            shm_bytes: 64 * 1024 * 1024,
         }
     }
+}
+
+/// Checks the user containers run as: numeric `uid:gid`, neither of them root's (0). A name is
+/// resolved inside the image, where any name may be uid 0; a uid without a group gets group 0
+/// from Docker when the image does not know it. Refused with the reason and what to give.
+pub fn check_user(user: &str) -> Result<(u32, u32), String> {
+    let hint = "give a numeric, non-root `uid:gid` such as 10001:10001 (--sandbox-user / FLEET_SANDBOX_USER)";
+    let number = |s: &str| -> Option<u32> {
+        if s.is_empty() || s.len() > 10 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        s.parse::<u32>().ok()
+    };
+    let is_root_name = |s: &str| s.eq_ignore_ascii_case("root");
+    let (u, g) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    if is_root_name(u) || number(u) == Some(0) {
+        return Err(format!(
+            "the sandbox user `{user}` is root (uid 0): containers never run as root; {hint}"
+        ));
+    }
+    if let Some(g) = g {
+        if is_root_name(g) || number(g) == Some(0) {
+            return Err(format!(
+                "the sandbox user `{user}` has root's group (gid 0): containers never run in it; {hint}"
+            ));
+        }
+    }
+    let Some(uid) = number(u) else {
+        return Err(format!(
+            "the sandbox user `{user}` is not numeric: a name is resolved inside the image, where it may be root; {hint}"
+        ));
+    };
+    let Some(g) = g else {
+        return Err(format!(
+            "the sandbox user `{user}` has no group: Docker gives a uid the image does not know group 0 (root's); {hint}"
+        ));
+    };
+    let Some(gid) = number(g) else {
+        return Err(format!(
+            "the sandbox user `{user}` has a group that is not numeric: a name is resolved inside the image, where it may be root's; {hint}"
+        ));
+    };
+    if uid == u32::MAX || gid == u32::MAX {
+        return Err(format!(
+            "the sandbox user `{user}` is not a user (4294967295 is -1); {hint}"
+        ));
+    }
+    Ok((uid, gid))
 }
 
 #[derive(Clone, Debug)]
@@ -138,7 +216,80 @@ impl TailBuffer {
 
 #[cfg(test)]
 mod tests {
-    use super::TailBuffer;
+    use super::{check_user, Limits, SandboxError, TailBuffer};
+
+    #[test]
+    fn root_is_refused_as_the_sandbox_user_in_every_form() {
+        for user in [
+            "0",
+            "0:0",
+            "00:00",
+            "root",
+            "ROOT",
+            "root:root",
+            "0:10001",
+            "root:10001",
+            "10001:0",
+            "10001:root",
+            "10001:000",
+        ] {
+            let e = check_user(user).expect_err(user);
+            assert!(e.contains("root"), "{user}: {e}");
+            assert!(e.contains(&format!("`{user}`")), "{user}: {e}");
+            assert!(e.contains("10001:10001"), "the fix is named: {e}");
+        }
+    }
+
+    #[test]
+    fn only_numeric_uid_and_gid_pairs_are_accepted() {
+        assert_eq!(check_user("10001:10001"), Ok((10001, 10001)));
+        assert_eq!(check_user("1000:100"), Ok((1000, 100)));
+        for user in [
+            "10001",
+            "nobody",
+            "nobody:nogroup",
+            "10001:",
+            ":10001",
+            ":0",
+            "+5:+5",
+            "-1:-1",
+            "1 :1",
+            "4294967295:1",
+            "99999999999:1",
+            "",
+        ] {
+            assert!(check_user(user).is_err(), "{user} was accepted");
+        }
+        // A uid alone would get group 0 from Docker.
+        assert!(check_user("10001").unwrap_err().contains("group 0"));
+    }
+
+    #[test]
+    fn sandbox_errors_know_whether_a_retry_can_help() {
+        let server = |status_code: u16| {
+            SandboxError::Docker(bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                message: "x".into(),
+            })
+        };
+        assert!(server(500).is_transient());
+        assert!(server(503).is_transient());
+        assert!(server(404).is_transient(), "a container that vanished");
+        assert!(server(409).is_transient(), "a container that stopped");
+        assert!(!server(400).is_transient(), "a request docker refuses");
+        assert!(!server(403).is_transient());
+        assert!(!SandboxError::MissingImage("img".into()).is_transient());
+        assert!(!SandboxError::Refused("root".into()).is_transient());
+        assert!(SandboxError::Io(std::io::Error::other("disk")).is_transient());
+        assert!(SandboxError::Other("name taken".into()).is_transient());
+    }
+
+    #[test]
+    fn tmpfs_sizes_are_capped_by_default() {
+        let l = Limits::default();
+        assert_eq!(l.tmp_bytes, 256 << 20);
+        assert_eq!(l.shm_bytes, 64 << 20);
+    }
 
     #[test]
     fn tail_buffer_keeps_the_last_bytes() {
