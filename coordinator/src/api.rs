@@ -25,6 +25,7 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
         .route("/v1/runs/:id/approvals/:node", post(decide))
         .route("/v1/runs/:id/logs", get(run_logs))
         .route("/v1/runs/:id/artifacts", get(list_artifacts))
+        .route("/v1/runs/:id/artifacts/*key", get(get_run_artifact))
         .route("/v1/artifacts/*key", get(get_artifact))
         .with_state(coord)
 }
@@ -42,6 +43,9 @@ impl From<DriverError> for ApiError {
         match e {
             DriverError::Submit(SubmitError::Graph(details)) => {
                 ApiError(StatusCode::BAD_REQUEST, "invalid graph".into(), details)
+            }
+            DriverError::Submit(s @ SubmitError::Conflict(_)) => {
+                ApiError(StatusCode::CONFLICT, s.to_string(), vec![])
             }
             DriverError::Submit(s) => ApiError(StatusCode::BAD_REQUEST, s.to_string(), vec![]),
             DriverError::UnknownRun(r) => ApiError(
@@ -70,14 +74,22 @@ async fn create_run(
     State(c): State<Arc<Coordinator>>,
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let req: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
+    let malformed = |e: String| {
         ApiError(
             StatusCode::BAD_REQUEST,
             format!("malformed submission: {e}"),
             vec![],
         )
-    })?;
-    let resp = submit::submit(&c, req).await?;
+    };
+    let mut body: Value = serde_json::from_slice(&body).map_err(|e| malformed(e.to_string()))?;
+    // `run_id`: an id the submitter chooses instead of the derived one.
+    let requested = match body.as_object_mut().and_then(|o| o.remove("run_id")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) => Some(id),
+        Some(other) => return Err(malformed(format!("run_id must be a string, not {other}"))),
+    };
+    let req: SubmitRequest = serde_json::from_value(body).map_err(|e| malformed(e.to_string()))?;
+    let resp = submit::submit_as(&c, req, requested).await?;
     let status = if resp.created {
         StatusCode::CREATED
     } else {
@@ -263,26 +275,177 @@ async fn list_artifacts(
     Ok(Json(json!(keys)))
 }
 
-async fn get_artifact(
-    State(c): State<Arc<Coordinator>>,
-    Path(key): Path<String>,
-) -> ApiResult<Response> {
-    if !key.starts_with("runs/") || key.split('/').any(|p| p == "..") {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "only run artifacts can be read".into(),
-            vec![],
-        ));
+/// Why an artifact key is refused before anything is read: it must be a plain relative object
+/// key (no empty, `.` or `..` segment, no leading `/`, no backslash or control character).
+fn key_problem(key: &str) -> Option<&'static str> {
+    if key.is_empty() || key.len() > 1024 {
+        Some("an artifact key has 1 to 1024 bytes")
+    } else if key.starts_with('/') {
+        Some("an artifact key is relative, not an absolute path")
+    } else if key.chars().any(|c| c == '\\' || c.is_control()) {
+        Some("an artifact key has no backslash or control character")
+    } else if key
+        .split('/')
+        .any(|p| p.is_empty() || p == "." || p == "..")
+    {
+        Some("an artifact key has no empty, `.` or `..` segment")
+    } else {
+        None
     }
-    match c.blobs.get(&key).await {
+}
+
+fn bad_key(key: &str, why: &str) -> ApiError {
+    ApiError(
+        StatusCode::BAD_REQUEST,
+        format!("invalid artifact key `{key}`: {why}"),
+        vec![],
+    )
+}
+
+/// Whether `key` is one of the run's artifacts: under `runs/<run>/`, or named by one of its
+/// jobs' outcomes.
+fn belongs_to(state: &RunState, key: &str) -> bool {
+    key.starts_with(&format!("runs/{}/", state.run_id))
+        || state
+            .history
+            .iter()
+            .any(|o| o.artifacts.values().any(|k| k == key))
+}
+
+async fn read_artifact(c: &Coordinator, run: &RunId, key: &str) -> ApiResult<Response> {
+    match c.blobs.get(key).await {
         Ok(bytes) => Ok(bytes.into_response()),
         Err(worker::blobs::BlobError::Store(object_store::Error::NotFound { .. })) => {
             Err(ApiError(
                 StatusCode::NOT_FOUND,
-                format!("no artifact `{key}`"),
+                format!("run `{run}` has no artifact `{key}`"),
                 vec![],
             ))
         }
         Err(e) => Err(DriverError::from(e).into()),
+    }
+}
+
+/// One artifact of one run: the run must exist and the key must be its own (a key of another
+/// run is not served, whatever it names). A key that is neither under `runs/` nor named by
+/// one of the run's jobs is taken below the run's folder (`run_summary.json` is
+/// `runs/<run>/run_summary.json`).
+async fn get_run_artifact(
+    State(c): State<Arc<Coordinator>>,
+    Path((id, key)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    if let Some(why) = key_problem(&key) {
+        return Err(bad_key(&key, why));
+    }
+    let run = RunId::new(id);
+    if !shared::factory::valid_run_id(run.as_str()) {
+        return Err(DriverError::UnknownRun(run).into());
+    }
+    let state = c.load(&run).await?;
+    let key = if key.starts_with("runs/") || belongs_to(&state, &key) {
+        key
+    } else {
+        format!("runs/{run}/{key}")
+    };
+    if !belongs_to(&state, &key) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("artifact `{key}` does not belong to run `{run}`"),
+            vec![],
+        ));
+    }
+    read_artifact(&c, &run, &key).await
+}
+
+/// An artifact by its full key, `runs/<run>/...`: the run it names must exist.
+async fn get_artifact(
+    State(c): State<Arc<Coordinator>>,
+    Path(key): Path<String>,
+) -> ApiResult<Response> {
+    if let Some(why) = key_problem(&key) {
+        return Err(bad_key(&key, why));
+    }
+    let Some(run) = key
+        .strip_prefix("runs/")
+        .and_then(|rest| rest.split_once('/'))
+        .map(|(run, _)| RunId::new(run))
+    else {
+        return Err(bad_key(
+            &key,
+            "only run artifacts (`runs/<run>/...`) can be read",
+        ));
+    };
+    if !shared::factory::valid_run_id(run.as_str()) {
+        return Err(DriverError::UnknownRun(run).into());
+    }
+    c.load(&run).await?;
+    read_artifact(&c, &run, &key).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn artifact_keys_are_plain_relative_keys() {
+        for good in [
+            "runs/r1/run_summary.json",
+            "runs/r1/attempt_1/se/prompt.md",
+            "a",
+        ] {
+            assert_eq!(key_problem(good), None, "{good}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "runs/r1/../r2/state.json",
+            "runs/r1/./x",
+            "runs//x",
+            "runs/r1/",
+            "..",
+            "runs\\r1",
+            "runs/r1/\u{0}x",
+        ] {
+            assert!(key_problem(bad).is_some(), "{bad:?}");
+        }
+        assert!(key_problem(&"x".repeat(1025)).is_some());
+    }
+
+    #[test]
+    fn a_run_owns_its_folder_and_the_keys_its_jobs_name() {
+        let bundle = shared::graph::GraphBundle {
+            source: "g.yaml".into(),
+            graph: serde_yaml::from_str("name: g\nstart: c\nnodes:\n  c: {kind: command}\n")
+                .unwrap(),
+            files: Default::default(),
+        };
+        let mut state = RunState::new(
+            RunId::new("r1"),
+            &bundle,
+            "graphs/g.json".into(),
+            json!({}),
+            json!({}),
+            shared::messages::RepoSnapshot {
+                url: "/repo".into(),
+                base_commit: "c".into(),
+                packs: vec![],
+            },
+            Default::default(),
+            "2024-01-01T00:00:00Z",
+        );
+        assert!(belongs_to(&state, "runs/r1/run_summary.json"));
+        assert!(!belongs_to(&state, "runs/r10/run_summary.json"));
+        assert!(!belongs_to(&state, "runs/r2/run_summary.json"));
+        assert!(!belongs_to(&state, "blobs/abc"));
+        let mut outcome: shared::engine::Outcome = serde_json::from_value(json!({
+            "job_id": "r1.c.1", "node": "c", "visit": 1, "ok": true, "status": "ok",
+            "output": {}, "error": null, "commit": null, "artifacts": {},
+            "usage": shared::messages::Usage::default(),
+            "worker": "w", "started_at": "", "finished_at": "",
+        }))
+        .unwrap_or_else(|e| panic!("an outcome: {e}"));
+        outcome.artifacts.insert("x".into(), "blobs/abc".into());
+        state.history.push(outcome);
+        assert!(belongs_to(&state, "blobs/abc"));
     }
 }

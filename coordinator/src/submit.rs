@@ -1,14 +1,18 @@
-//! Submission: checks the graph, the input and the repository before anything is stored or
-//! enqueued, computes the deterministic run id, and uploads the graph bundle and the repo pack.
+//! Submission: checks the graph, the input, the agent and the repository before anything is
+//! stored or enqueued, computes the deterministic run id (a hash over everything that changes
+//! what runs: `shared::factory::RunIdentity`), and uploads the graph bundle and the repo pack.
+//! An id that names an existing run returns it only when the contents are the same.
 
 use crate::driver::{now, Coordinator, DriverError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use shared::engine::RunState;
-use shared::graph::{check, GraphBundle};
-use shared::hashing::{canonical_hash, sha256_hex};
+use shared::factory::RunIdentity;
+use shared::graph::{check, Graph, GraphBundle, NodeKind};
+use shared::hashing::sha256_hex;
 use shared::ids::RunId;
-use shared::messages::{AgentConfig, RepoSnapshot};
+use shared::messages::{AgentConfig, RepoSnapshot, ScriptStep};
+use std::collections::BTreeMap;
 use std::path::Path;
 use thiserror::Error;
 use worker::git::{pack_repository, GitError};
@@ -45,6 +49,13 @@ pub enum SubmitError {
     Input(String),
     #[error("preflight: {0}")]
     Preflight(String),
+    /// The run id names a run whose contents differ from this submission's.
+    #[error(
+        "run `{0}` exists with different contents (graph bundle, input, agent or repository): \
+         it is not this submission's run and is not returned; submit without a run id, or \
+         under another one"
+    )]
+    Conflict(RunId),
 }
 
 impl From<GitError> for SubmitError {
@@ -53,21 +64,35 @@ impl From<GitError> for SubmitError {
     }
 }
 
-/// Validates a submission and creates the run. Nothing is stored or enqueued unless every
-/// check passed.
+/// Validates a submission and creates the run under its derived id. Nothing is stored or
+/// enqueued unless every check passed.
 pub async fn submit(
     coord: &Coordinator,
     req: SubmitRequest,
 ) -> Result<SubmitResponse, DriverError> {
+    submit_as(coord, req, None).await
+}
+
+/// Like `submit`, under the run id the submitter chose when `requested` is given (the API's
+/// `run_id` field). Either way a run that exists under the id is returned only when its
+/// contents are this submission's (`meta.submission_hash`); otherwise `SubmitError::Conflict`.
+pub async fn submit_as(
+    coord: &Coordinator,
+    req: SubmitRequest,
+    requested: Option<String>,
+) -> Result<SubmitResponse, DriverError> {
     let bundle = req.graph;
     check(&bundle).map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect()))?;
-    let has_agents = bundle
-        .graph
-        .nodes
-        .values()
-        .any(|n| n.kind == shared::graph::NodeKind::Agent);
-    if let Some(why) = agent_exceeds(&req.agent, has_agents) {
+    if let Some(why) = agent_exceeds(&req.agent, &bundle.graph) {
         return Err(SubmitError::Input(why).into());
+    }
+    if let Some(id) = &requested {
+        if !shared::factory::valid_run_id(id) {
+            return Err(SubmitError::Input(format!(
+                "run id `{id}`: use 1 to 64 letters, digits, `-` or `_`"
+            ))
+            .into());
+        }
     }
     if let Some(schema_path) = &bundle.graph.input_schema {
         let schema: Value = serde_json::from_str(bundle.file(schema_path).unwrap_or("{}"))
@@ -84,43 +109,41 @@ pub async fn submit(
     let tree_hash =
         shared::factory::tree_hash(packed.files.iter().map(|(p, b)| (p.as_str(), b.as_slice())));
 
-    let (input, meta, run_id) = match bundle.graph.prepare.as_deref() {
+    let graph_hash = bundle.hash();
+    let identity = RunIdentity {
+        graph_hash: &graph_hash,
+        agent: &req.agent,
+        base_commit: &packed.commit,
+        repo_tree_hash: &tree_hash,
+    };
+    let (input, mut meta, derived, submission_hash) = match bundle.graph.prepare.as_deref() {
         Some("factory") => {
-            let (input, meta) =
-                shared::factory::prepare(&req.input, &req.agent.model_identity(), &tree_hash)
-                    .map_err(|e| SubmitError::Input(e.to_string()))?;
-            let run_id = meta.run_id.clone();
-            (input, json!(meta), run_id)
+            let (input, meta) = shared::factory::prepare(&req.input, &identity)
+                .map_err(|e| SubmitError::Input(e.to_string()))?;
+            let (run_id, hash) = (meta.run_id.clone(), meta.submission_hash.clone());
+            (input, json!(meta), run_id, hash)
         }
         _ => {
-            let id = sha256_hex(
-                format!(
-                    "{}{}{}{}",
-                    bundle.hash(),
-                    canonical_hash(&req.input),
-                    tree_hash,
-                    canonical_hash(&req.agent)
-                )
-                .as_bytes(),
-            )[..12]
-                .to_string();
-            (
-                req.input.clone(),
-                json!({"repo_tree_hash_before": tree_hash}),
-                id,
-            )
+            let (run_id, hash) = identity.run_id(&req.input);
+            let meta = json!({"repo_tree_hash_before": tree_hash, "submission_hash": hash});
+            (req.input.clone(), meta, run_id, hash)
         }
     };
-    let run_id = RunId::new(run_id);
-    // An existing run (also one restored from object storage) is returned, not restarted.
-    if coord.load(&run_id).await.is_ok() {
-        return Ok(SubmitResponse {
-            run_id,
-            created: false,
-        });
+    if let Some(id) = &requested {
+        if meta.get("run_id").is_some() {
+            meta["run_id"] = json!(id);
+        }
+    }
+    let run_id = RunId::new(requested.unwrap_or(derived));
+    // An existing run (also one restored from object storage) is returned, not restarted, and
+    // only when it is this submission's.
+    match coord.load(&run_id).await {
+        Ok(existing) => return same_run(&existing, &submission_hash),
+        Err(DriverError::UnknownRun(_)) => {}
+        Err(e) => return Err(e),
     }
 
-    let graph_ref = format!("graphs/{}.json", bundle.hash());
+    let graph_ref = format!("graphs/{graph_hash}.json");
     coord.blobs.put_json(&graph_ref, &bundle).await?;
     let pack_key = format!("packs/{}.pack", sha256_hex(&packed.pack));
     if !coord.blobs.exists(&pack_key).await? {
@@ -141,21 +164,79 @@ pub async fn submit(
         req.agent,
         &now(),
     );
-    let created = coord.create_run(state, &bundle).await?;
-    Ok(SubmitResponse { run_id, created })
+    match coord.create_run(state, &bundle).await {
+        Ok(true) => Ok(SubmitResponse {
+            run_id,
+            created: true,
+        }),
+        // Created by another submission meanwhile: the same rule as above.
+        Ok(false) => same_run(&coord.load(&run_id).await?, &submission_hash),
+        // The graph fails on its first step (an expression or template that cannot be
+        // evaluated within its bounds): the submission's fault, said as such.
+        Err(DriverError::Engine(e)) => {
+            Err(SubmitError::Input(format!("the run cannot start: {e}")).into())
+        }
+        Err(e) => Err(e),
+    }
 }
 
-/// The agent's budgets past `shared::limits`, as a message.
-fn agent_exceeds(agent: &AgentConfig, has_agents: bool) -> Option<String> {
+/// The existing run, when its contents are the submission's; a conflict otherwise.
+fn same_run(existing: &RunState, submission_hash: &str) -> Result<SubmitResponse, DriverError> {
+    if stored_submission_hash(existing) == submission_hash {
+        Ok(SubmitResponse {
+            run_id: existing.run_id.clone(),
+            created: false,
+        })
+    } else {
+        Err(SubmitError::Conflict(existing.run_id.clone()).into())
+    }
+}
+
+/// The submission hash a run was created with: `meta.submission_hash`, or, for a run created
+/// before it was recorded, recomputed from the run's own graph, input, agent and repository.
+fn stored_submission_hash(state: &RunState) -> String {
+    let recorded = state
+        .meta
+        .get("submission_hash")
+        .and_then(Value::as_str)
+        .filter(|h| !h.is_empty());
+    if let Some(h) = recorded {
+        return h.to_string();
+    }
+    let graph_hash = state
+        .graph_ref
+        .strip_prefix("graphs/")
+        .and_then(|r| r.strip_suffix(".json"))
+        .unwrap_or(&state.graph_ref);
+    let tree_hash = state
+        .meta
+        .get("repo_tree_hash_before")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    RunIdentity {
+        graph_hash,
+        agent: &state.agent,
+        base_commit: &state.repo.base_commit,
+        repo_tree_hash: tree_hash,
+    }
+    .submission_hash(&state.input)
+}
+
+/// What is wrong with the submission's agent for this graph, as a message: budgets past
+/// `shared::limits`, or a script that cannot drive the graph's agent nodes (empty, an empty
+/// entry for an agent node, none for the start node, or steps only for nodes that are not
+/// the graph's agents).
+fn agent_exceeds(agent: &AgentConfig, graph: &Graph) -> Option<String> {
     use shared::limits::{MAX_TOKENS, MAX_TURNS};
+    let agents: Vec<&str> = graph
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.kind == NodeKind::Agent)
+        .map(|(id, _)| id.as_str())
+        .collect();
     let llm = match agent {
         AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => c,
-        AgentConfig::Scripted { script } => {
-            let steps: usize = script.values().map(Vec::len).sum();
-            return (has_agents && steps == 0).then(|| {
-                "the graph has agent nodes and the agent script has no steps".to_string()
-            });
-        }
+        AgentConfig::Scripted { script } => return script_misses(script, graph, &agents),
     };
     if llm.max_turns == 0 || llm.max_turns > MAX_TURNS {
         return Some(format!(
@@ -178,6 +259,52 @@ fn agent_exceeds(agent: &AgentConfig, has_agents: bool) -> Option<String> {
     None
 }
 
+/// A scripted agent for a graph with agent nodes: every entry it has for an agent node has
+/// steps, the start node (when it is an agent) has an entry, and at least one agent node has
+/// one. Nodes that may never run (a path the script does not take) need none.
+fn script_misses(
+    script: &BTreeMap<String, Vec<ScriptStep>>,
+    graph: &Graph,
+    agents: &[&str],
+) -> Option<String> {
+    if agents.is_empty() {
+        return None;
+    }
+    let steps: usize = script.values().map(Vec::len).sum();
+    if steps == 0 {
+        return Some(format!(
+            "the graph has agent nodes ({}) and the agent script has no steps",
+            agents.join(", ")
+        ));
+    }
+    if let Some(empty) = agents
+        .iter()
+        .find(|a| script.get(**a).is_some_and(Vec::is_empty))
+    {
+        return Some(format!(
+            "the agent script's entry for node `{empty}` has no steps"
+        ));
+    }
+    let start = graph.start.as_str();
+    if agents.contains(&start) && !script.contains_key(start) {
+        return Some(format!(
+            "the graph starts with agent node `{start}` and the agent script has no steps for it"
+        ));
+    }
+    if !agents.iter().any(|a| script.contains_key(*a)) {
+        return Some(format!(
+            "the agent script has steps for {} but none for the graph's agent nodes ({})",
+            script
+                .keys()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            agents.join(", ")
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,23 +319,128 @@ mod tests {
         })
     }
 
+    fn graph(start: &str) -> Graph {
+        serde_yaml::from_str(&format!(
+            "name: g\nstart: {start}\nnodes:\n  a: {{kind: agent, template: t.j2}}\n  \
+             b: {{kind: agent, template: t.j2}}\n  c: {{kind: command}}\n"
+        ))
+        .expect("a graph")
+    }
+
+    fn no_agents() -> Graph {
+        serde_yaml::from_str("name: g\nstart: c\nnodes:\n  c: {kind: command}\n").expect("a graph")
+    }
+
+    fn script(entries: &[(&str, usize)]) -> AgentConfig {
+        AgentConfig::Scripted {
+            script: entries
+                .iter()
+                .map(|(node, n)| (node.to_string(), vec![ScriptStep::default(); *n]))
+                .collect(),
+        }
+    }
+
     #[test]
     fn agent_budgets_past_the_limits_are_refused() {
-        assert_eq!(agent_exceeds(&llm(20, 4096), true), None);
-        assert!(agent_exceeds(&llm(4_000_000_000, 4096), true)
+        let g = graph("a");
+        assert_eq!(agent_exceeds(&llm(20, 4096), &g), None);
+        assert!(agent_exceeds(&llm(4_000_000_000, 4096), &g)
             .unwrap()
             .contains("max_turns is 4000000000"));
-        assert!(agent_exceeds(&llm(20, 0), true)
+        assert!(agent_exceeds(&llm(20, 0), &g)
             .unwrap()
             .contains("max_tokens"));
-        let empty = AgentConfig::Scripted {
-            script: Default::default(),
-        };
-        assert!(agent_exceeds(&empty, true).unwrap().contains("no steps"));
+    }
+
+    #[test]
+    fn scripts_that_cannot_drive_the_graph_are_refused() {
+        let g = graph("a");
+        let empty = script(&[]);
+        assert!(agent_exceeds(&empty, &g).unwrap().contains("no steps"));
         assert_eq!(
-            agent_exceeds(&empty, false),
+            agent_exceeds(&empty, &no_agents()),
             None,
             "graphs without agents need none"
         );
+        assert!(agent_exceeds(&script(&[("a", 0)]), &g)
+            .unwrap()
+            .contains("no steps"));
+        let only_b_empty = agent_exceeds(&script(&[("a", 1), ("b", 0)]), &g).unwrap();
+        assert!(
+            only_b_empty.contains("node `b` has no steps"),
+            "{only_b_empty}"
+        );
+        let no_start = agent_exceeds(&script(&[("b", 1)]), &g).unwrap();
+        assert!(
+            no_start.contains("starts with agent node `a`"),
+            "{no_start}"
+        );
+        let elsewhere = agent_exceeds(&script(&[("se", 2)]), &graph("c")).unwrap();
+        assert!(
+            elsewhere.contains("steps for `se` but none for the graph's agent nodes (a, b)"),
+            "{elsewhere}"
+        );
+        // A node the script's path never reaches may go without steps.
+        assert_eq!(agent_exceeds(&script(&[("a", 1)]), &g), None);
+        assert_eq!(agent_exceeds(&script(&[("b", 1)]), &graph("c")), None);
+    }
+
+    fn state(meta: Value) -> RunState {
+        let bundle = GraphBundle {
+            source: "g.yaml".into(),
+            graph: no_agents(),
+            files: Default::default(),
+        };
+        RunState::new(
+            RunId::new("r1"),
+            &bundle,
+            "graphs/gh.json".into(),
+            json!({"x": 1}),
+            meta,
+            RepoSnapshot {
+                url: "/repo".into(),
+                base_commit: "c".into(),
+                packs: vec![],
+            },
+            script(&[("a", 1)]),
+            "2024-01-01T00:00:00Z",
+        )
+    }
+
+    #[test]
+    fn an_existing_run_is_returned_only_for_the_same_contents() {
+        let same = same_run(&state(json!({"submission_hash": "h1"})), "h1").unwrap();
+        assert_eq!(same.run_id, RunId::new("r1"));
+        assert!(!same.created);
+        let other = same_run(&state(json!({"submission_hash": "h1"})), "h2").unwrap_err();
+        let msg = other.to_string();
+        assert!(
+            msg.contains("run `r1` exists with different contents"),
+            "{msg}"
+        );
+        assert!(matches!(
+            other,
+            DriverError::Submit(SubmitError::Conflict(ref r)) if r.as_str() == "r1"
+        ));
+    }
+
+    #[test]
+    fn runs_without_a_recorded_hash_are_compared_by_their_contents() {
+        let old = state(json!({"repo_tree_hash_before": "t"}));
+        let agent = script(&[("a", 1)]);
+        let identity = RunIdentity {
+            graph_hash: "gh",
+            agent: &agent,
+            base_commit: "c",
+            repo_tree_hash: "t",
+        };
+        let hash = identity.submission_hash(&json!({"x": 1}));
+        assert_eq!(stored_submission_hash(&old), hash);
+        assert!(same_run(&old, &hash).is_ok());
+        let edited = RunIdentity {
+            graph_hash: "gh2",
+            ..identity
+        };
+        assert!(same_run(&old, &edited.submission_hash(&json!({"x": 1}))).is_err());
     }
 }

@@ -17,6 +17,22 @@ pub const MAX_FANOUT: usize = 10_000;
 /// An agent's turns and output tokens per call.
 pub const MAX_TURNS: u32 = 1_000;
 pub const MAX_TOKENS: u32 = 1_000_000;
+/// Instructions one template render or one expression evaluation may execute (minijinja's
+/// fuel; most instructions cost 1): a prompt looping over 1,000 items at 100 instructions each
+/// uses a tenth of it, while two nested `range(100000)` loops run out after about 30 ms
+/// (release build) instead of running for hours.
+pub const TEMPLATE_FUEL: u64 = 1_000_000;
+/// Bytes one template render may emit, into its output and into captured blocks together:
+/// 1 MiB, five times the 200 KiB of context files a prompt may carry.
+pub const MAX_RENDERED_BYTES: usize = 1024 * 1024;
+/// Bytes of the values one render may bind (`set`, `with`, the items of `for` loops, each
+/// value measured deep, summed over the render) and the size of an expression's value: a
+/// string doubled by `{% set s = s ~ s %}` is refused once it passes this, long before it
+/// exhausts memory.
+pub const MAX_TEMPLATE_VALUE_BYTES: usize = 64 * 1024 * 1024;
+/// Items one `for` loop of a template may iterate over (and `flatten` or `difference` take):
+/// minijinja's own cap on `range()` (its documentation says 10,000; the code allows 100,000).
+pub const MAX_LOOP_ITEMS: usize = 100_000;
 
 use crate::graph::Graph;
 

@@ -1,8 +1,10 @@
-//! The factory seed's harness rules (SE → TR → PO): work-order validation, deterministic ids,
+//! The factory seed's harness rules (SE → TR → PO): work-order validation, deterministic ids
+//! (and the run identity of every submission, `identity.rs`),
 //! the bounded FailureBrief and `run_summary.json`, and the
 //! check that a local output directory lies outside the product repository.
 
 mod brief;
+mod identity;
 mod out_dir;
 mod summary;
 mod work_order;
@@ -11,6 +13,7 @@ pub use brief::{
     brief_for_next_attempt, failure_brief_function, failure_brief_of, FailureBrief, EXCERPT_CHARS,
     EXCERPT_LINES, FAILURE_BRIEF_FUNCTION,
 };
+pub use identity::{factory_run_id, valid_run_id, RunIdentity};
 pub use out_dir::{check_out_dir, resolve_below, OutDirError};
 pub use summary::{summarize, AttemptRecord, CmdResult, RunSummary};
 pub use work_order::{

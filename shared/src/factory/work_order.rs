@@ -1,3 +1,4 @@
+use super::identity::{factory_run_id, RunIdentity};
 use crate::hashing::{canonical_hash, sha256_hex};
 use crate::paths::normalize_relative;
 use serde::{Deserialize, Serialize};
@@ -150,6 +151,11 @@ pub struct FactoryMeta {
     pub config_hash: String,
     pub repo_tree_hash_before: String,
     pub model: String,
+    /// The hash over everything the submission runs (`RunIdentity::submission_hash`); a
+    /// submission naming this run with other contents is refused. Empty for runs submitted
+    /// before it was recorded.
+    #[serde(default)]
+    pub submission_hash: String,
 }
 
 /// `sha256("{model}|{temperature}|{max_attempts}|{timeout_seconds}")`. Temperature is written
@@ -187,12 +193,15 @@ pub fn tree_hash<'a>(files: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> St
 }
 
 /// Validates a factory run's input, fills option defaults and computes the deterministic run id:
-/// `sha256(work_order_hash + repo_tree_hash_before + config_hash)[:12]`.
+/// the seed's `sha256(work_order_hash + repo_tree_hash_before + config_hash)`, extended by the
+/// submission hash over the graph, the whole agent, the commit and the normalized input
+/// (`factory_run_id`), first 12 hex digits.
 pub fn prepare(
     input: &Value,
-    model: &str,
-    repo_tree_hash_before: &str,
+    identity: &RunIdentity<'_>,
 ) -> Result<(Value, FactoryMeta), WorkOrderError> {
+    let model = identity.agent.model_identity();
+    let repo_tree_hash_before = identity.repo_tree_hash;
     let obj = input
         .as_object()
         .ok_or_else(|| WorkOrderError::Malformed("the input must be an object".into()))?;
@@ -211,20 +220,23 @@ pub fn prepare(
     }
     let work_order_hash = canonical_hash(wo_value);
     let config_hash = config_hash(
-        model,
+        &model,
         options.temperature,
         options.max_attempts,
         options.timeout_seconds,
     );
-    let run_id =
-        sha256_hex(format!("{work_order_hash}{repo_tree_hash_before}{config_hash}").as_bytes())
-            [..12]
-            .to_string();
     let mut normalized = input.clone();
     normalized["options"] = json!(options);
     if normalized.get("work_order_path").is_none() {
         normalized["work_order_path"] = json!("");
     }
+    let submission_hash = identity.submission_hash(&normalized);
+    let run_id = factory_run_id(
+        &work_order_hash,
+        repo_tree_hash_before,
+        &config_hash,
+        &submission_hash,
+    );
     Ok((
         normalized,
         FactoryMeta {
@@ -232,7 +244,8 @@ pub fn prepare(
             work_order_hash,
             config_hash,
             repo_tree_hash_before: repo_tree_hash_before.to_string(),
-            model: model.to_string(),
+            model,
+            submission_hash,
         },
     ))
 }
@@ -315,7 +328,9 @@ mod tests {
         /// prepared one keeps to the seed's rules.
         #[test]
         fn any_factory_input_is_prepared_or_refused(input in arb_input(), model in arb_text()) {
-            let (prepared, took) = timed(|| prepare(&input, &model, "tree"));
+            let agent = llm(&model);
+            let identity = at(&agent, "g", "tree");
+            let (prepared, took) = timed(|| prepare(&input, &identity));
             prop_assert!(took < CASE_LIMIT);
             if let Ok((normalized, meta)) = prepared {
                 prop_assert_eq!(meta.run_id.len(), 12);
@@ -374,17 +389,56 @@ mod tests {
         ));
     }
 
+    fn llm(model: &str) -> crate::messages::AgentConfig {
+        crate::messages::AgentConfig::Anthropic(crate::messages::LlmConfig {
+            model: model.into(),
+            temperature: 0.0,
+            max_tokens: 4096,
+            max_turns: 20,
+        })
+    }
+
+    fn at<'a>(
+        agent: &'a crate::messages::AgentConfig,
+        graph: &'a str,
+        tree: &'a str,
+    ) -> RunIdentity<'a> {
+        RunIdentity {
+            graph_hash: graph,
+            agent,
+            base_commit: "commit",
+            repo_tree_hash: tree,
+        }
+    }
+
     #[test]
     fn run_id_is_deterministic_and_input_sensitive() {
         let input = json!({"work_order": order()});
-        let (_, a) = prepare(&input, "m", "tree").unwrap();
-        let (_, b) = prepare(&input, "m", "tree").unwrap();
+        let (m, m2) = (llm("m"), llm("m2"));
+        let (_, a) = prepare(&input, &at(&m, "g", "tree")).unwrap();
+        let (_, b) = prepare(&input, &at(&m, "g", "tree")).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.run_id.len(), 12);
-        let (_, c) = prepare(&input, "m", "tree2").unwrap();
+        assert_eq!(a.model, "anthropic:m");
+        let (_, c) = prepare(&input, &at(&m, "g", "tree2")).unwrap();
         assert_ne!(a.run_id, c.run_id);
-        let (_, d) = prepare(&input, "m2", "tree").unwrap();
+        let (_, d) = prepare(&input, &at(&m2, "g", "tree")).unwrap();
         assert_ne!(a.run_id, d.run_id);
+        // The graph bundle is part of the run: an edited graph is a new run.
+        let (_, e) = prepare(&input, &at(&m, "g2", "tree")).unwrap();
+        assert_ne!(a.run_id, e.run_id);
+        assert_ne!(a.submission_hash, e.submission_hash);
+        // So is every parameter of the agent, not only its model.
+        let mut turns = llm("m");
+        if let crate::messages::AgentConfig::Anthropic(c) = &mut turns {
+            c.max_turns = 5;
+        }
+        let (_, f) = prepare(&input, &at(&turns, "g", "tree")).unwrap();
+        assert_ne!(a.run_id, f.run_id);
+        // Where the work order was read from is not.
+        let moved = json!({"work_order": order(), "work_order_path": "/elsewhere/wo.json"});
+        let (_, g) = prepare(&moved, &at(&m, "g", "tree")).unwrap();
+        assert_eq!(a.run_id, g.run_id);
     }
 
     #[test]
