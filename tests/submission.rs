@@ -221,6 +221,14 @@ async fn artifacts_are_served_only_for_their_own_run() -> anyhow::Result<()> {
         body.contains(&format!("does not belong to run `{run_b}`")),
         "{body}"
     );
+    // And through the CLI: `fleet artifacts B --get <A's key>` is refused.
+    let cross = stack.cli(&["artifacts", &run_b, "--get", &key])?;
+    assert_ne!(cross.code, 0, "{}", cross.stdout);
+    assert!(
+        cross.stderr.contains("does not belong to run"),
+        "{}",
+        cross.stderr
+    );
     // A run that does not exist: refused, on both routes.
     let (code, body) = get_status(&stack, &format!("/v1/runs/nosuchrun/artifacts/{key}")).await?;
     assert_eq!(code, 404, "{body}");

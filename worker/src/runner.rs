@@ -581,8 +581,9 @@ impl Runner {
             run_id: spec.run_id.clone(),
             attempt: spec.attempt,
             status: step.status,
-            output: step.output,
-            error: step.error,
+            // What a job reports may reach a later agent's prompt: no host path of this worker.
+            output: without_host_paths(step.output),
+            error: step.error.map(|e| shared::factory::strip_host_paths(&e)),
             commit,
             pack,
             artifacts: art.written,
@@ -1341,8 +1342,35 @@ fn hand_over(dir: &Path, user: &str) {
     }
 }
 
+/// `value` with the worker's host paths in every string made worktree-relative.
+fn without_host_paths(value: Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(shared::factory::strip_host_paths(&s)),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_host_paths).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, without_host_paths(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn no_host_path_of_the_worker_survives_in_a_reported_output() {
+        let out = json!({
+            "failures": [{"message": "/srv/fleet/w1/jobs/r1.fix.1-a1-e1-ab12/wt/src/x.py:3: boom"}],
+            "n": 3,
+        });
+        let clean = without_host_paths(out);
+        let text = clean.to_string();
+        assert!(!text.contains("/srv/fleet"), "{text}");
+        assert!(text.contains("src/x.py:3: boom"), "{text}");
+        assert_eq!(clean["n"], 3);
+    }
     use super::*;
 
     fn spec() -> JobSpec {

@@ -114,6 +114,8 @@ impl WorkerSettings {
     }
 
     pub fn config(&self) -> anyhow::Result<WorkerConfig> {
+        // Refused before any dependency is waited for.
+        worker::sandbox::check_user(&self.sandbox_user).map_err(|e| anyhow!(e))?;
         let mut prices = PriceTable::with_defaults();
         if let Ok(extra) = std::env::var("FLEET_PRICES") {
             prices.extend_from_json(&extra).map_err(|e| anyhow!(e))?;

@@ -222,10 +222,13 @@ impl Client {
         self.get(&format!("/v1/runs/{run}/artifacts")).await
     }
 
-    /// One artifact's bytes, as stored.
-    pub async fn artifact(&self, key: &str) -> anyhow::Result<Vec<u8>> {
+    /// One artifact of `run`, as stored (the server refuses keys of other runs).
+    pub async fn artifact(&self, run: &str, key: &str) -> anyhow::Result<Vec<u8>> {
         let resp = self
-            .send(self.http.get(self.url(&format!("/v1/artifacts/{key}"))))
+            .send(
+                self.http
+                    .get(self.url(&format!("/v1/runs/{run}/artifacts/{key}"))),
+            )
             .await?;
         Ok(resp.bytes().await?.to_vec())
     }

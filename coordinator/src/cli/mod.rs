@@ -168,7 +168,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
                     }
                 }
                 Some(key) => {
-                    let bytes = client.artifact(key).await?;
+                    let bytes = client.artifact(&a.run_id, key).await?;
                     match &a.out {
                         Some(p) => std::fs::write(p, bytes)?,
                         None => out.bytes(&bytes)?,

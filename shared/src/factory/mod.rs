@@ -9,6 +9,7 @@ mod out_dir;
 mod summary;
 mod work_order;
 
+pub use brief::strip_host_paths;
 pub use brief::{
     brief_for_next_attempt, failure_brief_function, failure_brief_of, FailureBrief, EXCERPT_CHARS,
     EXCERPT_LINES, FAILURE_BRIEF_FUNCTION,
