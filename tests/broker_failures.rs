@@ -216,14 +216,7 @@ async fn a_broker_restart_mid_publish_of_a_1000_job_fan_out_fires_the_join_once(
     assert_eq!(status["status"], "succeeded", "{}", status["status"]);
     assert_eq!(status["joins"]["gather"]["fired"], 1);
     // The graph's exit status is `gather.output.count == (input.items | length)`: the run
-    // succeeds only if the join saw 1,000 arrivals.
-    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
-    let gather = logs
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["node"] == "gather"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    assert_eq!(gather["output"]["count"], 1000, "{gather}");
+    // succeeds only if the join counted 1,000 arrivals.
     assert_eq!(status["visits"]["gather"], 1);
     let done = status["jobs"]
         .as_array()

@@ -103,6 +103,43 @@ async fn a_twenty_thousand_node_graph_is_refused_in_under_a_second_and_others_ar
     assert!(status.is_client_error(), "{status}: {text}");
     assert!(text.contains("max_turns is 4000000000"), "{text}");
 
+    // A fan-out wider than the limit: the run fails at once naming it, no job is published.
+    let graph = fleet_tests::stack::workspace_root().join("graphs/bench/fanout.yaml");
+    let input = stack.dir.path().join("wide.json");
+    let items: Vec<u32> = (0..10_001).collect();
+    std::fs::write(&input, serde_json::to_vec(&json!({ "items": items }))?)?;
+    let script = stack.dir.path().join("none.json");
+    std::fs::write(&script, "{}")?;
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &graph.display().to_string(),
+        "--repo",
+        &repo.display().to_string(),
+        "--input",
+        &input.display().to_string(),
+        "--script",
+        &script.display().to_string(),
+    ])?;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let wide = out.stdout.trim().to_string();
+    let status = stack.wait_run(&wide, Duration::from_secs(30)).await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    let result = stack.get(&format!("/v1/runs/{wide}/result")).await?;
+    assert_eq!(result["result"]["reason"], "fanout_too_wide", "{result}");
+    assert_eq!(result["result"]["limit"], 10_000, "{result}");
+    assert_eq!(status["jobs"].as_array().map(Vec::len), Some(0), "{status}");
+
+    // Ten million items do not fit in a request: refused by size before any parsing.
+    let huge = vec![b'1'; 3 * 1024 * 1024];
+    let r = http
+        .post(format!("{}/v1/runs", stack.server))
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 413, "{}", r.text().await?);
+
     // The coordinator still serves: a normal run passes.
     let out = stack.cli(&[
         "submit",

@@ -1,6 +1,12 @@
 //! Bounds on what a submission may ask for, in one place: a graph, its expressions, budgets and
 //! timeouts are checked against these before anything runs (a 20,000-node graph is refused in
 //! milliseconds rather than analysed for minutes), and the engine holds a fan-out to its width.
+//!
+//! Limits a process sets at run time, with their configuration (README, "Configuration"):
+//! the HTTP body (2 MB, `coordinator::api`), a job folder's disk (`FLEET_JOB_DISK_MB`, 2 GiB,
+//! `worker::runner`), container memory, CPU, pids and tmpfs sizes (`worker::sandbox::Limits`),
+//! context files and reports read from a worktree (`worker::safe_fs`), job folders and finished
+//! runs by age (`FLEET_JOB_DIR_MAX_AGE_SECONDS`, `FLEET_RUN_RETENTION_SECONDS`).
 
 /// Nodes in one graph.
 pub const MAX_NODES: usize = 500;

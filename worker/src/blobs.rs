@@ -59,7 +59,14 @@ impl Blobs {
     /// `file:///absolute/path`. Everything lives under `namespace/`.
     pub fn open(url: &str, namespace: &str) -> Result<Self, BlobError> {
         let inner: Arc<dyn ObjectStore> = if let Some(bucket) = url.strip_prefix("s3://") {
-            let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket.trim_end_matches('/'));
+            // Every request is bounded: a stalled object store is an error that is retried,
+            // not a job or a commit that hangs.
+            let client = object_store::ClientOptions::new()
+                .with_connect_timeout(std::time::Duration::from_secs(5))
+                .with_timeout(std::time::Duration::from_secs(120));
+            let mut b = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket.trim_end_matches('/'))
+                .with_client_options(client);
             if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
                 b = b.with_endpoint(endpoint.clone());
                 if endpoint.starts_with("http://") {

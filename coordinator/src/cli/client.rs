@@ -132,7 +132,12 @@ impl Client {
     pub fn new(server: &str) -> Self {
         Self {
             server: server.trim_end_matches('/').to_string(),
-            http: reqwest::Client::new(),
+            // Every call to the API is bounded (the server answers at once or streams nothing).
+            http: reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(10))
+                .timeout(std::time::Duration::from_secs(120))
+                .build()
+                .unwrap_or_default(),
         }
     }
 
