@@ -7,6 +7,7 @@ pub mod expr;
 pub mod factory;
 pub mod graph;
 pub mod hashing;
+pub mod http;
 pub mod hybrid;
 pub mod ids;
 pub mod lang;

@@ -1,5 +1,9 @@
 //! The run store port: one real adapter (Redis) and one embedded adapter (memory). The queue,
 //! object store and sandbox ports live with their adapters in `worker` (they carry I/O types).
+//!
+//! The contract below is checked by one suite on every adapter
+//! (`coordinator::store::conformance`: memory in unit tests, Redis in tests/conformance.rs);
+//! where adapters may differ (the owner lease's length, a cap on `list`) the suite says so.
 
 use crate::engine::RunState;
 use crate::ids::RunId;
@@ -46,12 +50,15 @@ pub trait RunStore: Send + Sync {
         version: u64,
         outbox: &[OutboxMessage],
     ) -> Result<CasOutcome, PortError>;
+    /// Runs, newest first; an adapter may cap the list (Redis: the newest 1000).
     async fn list(&self) -> Result<Vec<RunId>, PortError>;
-    /// Claims up to `max` outbox messages for `owner` (moved to the owner's in-flight list).
+    /// Claims up to `max` outbox messages for `owner`, oldest first (moved to the owner's
+    /// in-flight list, where they stay until `outbox_done`); takes or renews the owner's lease.
     async fn outbox_claim(&self, owner: &str, max: usize) -> Result<Vec<String>, PortError>;
     /// Forgets claimed messages once the broker confirmed them.
     async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError>;
-    /// Returns in-flight messages of owners that stopped heartbeating to the outbox.
+    /// Returns in-flight messages of other owners whose lease lapsed to the end of the outbox
+    /// (never `owner`'s own).
     async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError>;
     /// Returns `owner`'s own in-flight messages to the outbox: a coordinator starting under
     /// the id of one that died holds nothing in flight yet, so whatever its list holds is lost
@@ -67,7 +74,7 @@ pub trait RunStore: Send + Sync {
         -> Result<Vec<String>, PortError>;
     /// Forgets a watch once its deadline was acted on.
     async fn unwatch(&self, watch: &str) -> Result<(), PortError>;
-    /// Up to `max` runs created before `before_ms` (unix milliseconds), oldest first.
+    /// Up to `max` runs created at or before `before_ms` (unix milliseconds), oldest first.
     async fn created_before(&self, before_ms: i64, max: usize) -> Result<Vec<RunId>, PortError>;
     /// Forgets a run (its state and its place in the list).
     async fn remove(&self, run: &RunId) -> Result<(), PortError>;

@@ -1,0 +1,101 @@
+//! What goes into the engine ([`Event`]: start, results, deadlines, restores, decisions,
+//! cancel) and what comes out ([`Effect`]s for the driver to carry out, [`Applied`] for logs and
+//! metrics, the whole [`Transition`]), and the [`Assembler`]s of exit results.
+
+use super::state::{RunState, RunStatus};
+use crate::ids::{Attempt, JobId, NodeId};
+use crate::messages::{JobResult, JobSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Event {
+    Start {
+        at: String,
+    },
+    JobFinished {
+        result: Box<JobResult>,
+        at: String,
+    },
+    /// The queue gave up on a job (delivery limit reached).
+    JobDead {
+        job_id: JobId,
+        attempt: Attempt,
+        reason: String,
+        at: String,
+    },
+    /// A worker started a job (its start notice).
+    JobStarted {
+        job_id: JobId,
+        attempt: Attempt,
+        worker: String,
+        at: String,
+    },
+    /// A started job passed its deadline without a result (a hung or cut-off worker): run it
+    /// again as the next attempt; a late result of the old attempt will be stale.
+    Reissue {
+        job_id: JobId,
+        attempt: Attempt,
+        /// The start the deadline was counted from; a later start (a redelivery) supersedes it.
+        started_at: String,
+        at: String,
+    },
+    /// The run was restored from its mirror after the run store lost it: every job it still
+    /// waits for is issued again as its next attempt (the outbox, deadlines and results that
+    /// were lost with the store are redone; a result of an older attempt is stale).
+    Restored {
+        at: String,
+    },
+    /// A human decided an approval node.
+    Decide {
+        node: NodeId,
+        approved: bool,
+        by: String,
+        comment: String,
+        at: String,
+    },
+    Cancel {
+        at: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    Publish(Box<JobSpec>),
+    Finished {
+        status: RunStatus,
+        result: Value,
+    },
+    /// A finished run's result changed (an advisory or observer node reported late).
+    ResultUpdated {
+        result: Value,
+    },
+    /// Jobs the run no longer needs (it ended): workers running them may stop.
+    StopJobs(Vec<JobId>),
+    /// Watch a started job: re-issue it if no result came `timeout_seconds` (plus grace) later.
+    Watch {
+        job_id: JobId,
+        attempt: Attempt,
+        started_at: String,
+        timeout_seconds: u64,
+    },
+}
+
+/// What the event did, for logs, metrics and the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Changed,
+    Duplicate,
+    Stale { current: Attempt },
+    Ignored(&'static str),
+}
+
+#[derive(Clone, Debug)]
+pub struct Transition {
+    pub state: RunState,
+    pub effects: Vec<Effect>,
+    pub applied: Applied,
+}
+
+/// Result assemblers of exit nodes, supplied by the caller's harness modules (pure functions).
+pub type Assembler = fn(&RunState, &NodeId, bool, &str) -> Value;

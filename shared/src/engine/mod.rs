@@ -1,0 +1,284 @@
+//! The graph engine: `apply(graph, state, event) -> (state, effects)`. Pure and deterministic:
+//! the driver supplies time in events and carries out the effects (publish jobs, store results).
+//!
+//! Idempotency lives here: a result for a job that is already done is a duplicate, a result whose
+//! attempt is older than the job's current attempt is stale (fencing), and both change nothing.
+//!
+//! The rooms:
+//! - this file: the entry points [`apply`] and [`apply_in_place`] (which event applies, and the
+//!   idempotency and fencing checks) and [`EngineError`];
+//! - `state.rs`: the run state ([`RunState`], [`JobRecord`], [`JobState`], [`JoinState`],
+//!   approvals, [`Outcome`], [`RunStatus`], [`MAX_ATTEMPTS`]);
+//! - `events.rs`: what goes in and comes out ([`Event`], [`Effect`], [`Applied`],
+//!   [`Transition`], [`Assembler`]);
+//! - `context.rs`: the context expressions and templates see, and the part of it a prompt gets;
+//! - `step.rs`: the interpreter (`Engine`): entering nodes, routing, results, decisions,
+//!   observers, exits and the end of a run;
+//! - `fanout.rs`: joins (arrivals, firing) and fan-out into branches;
+//! - `publish.rs`: building and publishing job specs, and re-issuing jobs as their next attempt.
+
+mod context;
+mod events;
+mod fanout;
+mod publish;
+mod state;
+mod step;
+
+pub use events::{Applied, Assembler, Effect, Event, Transition};
+pub use state::{
+    ApprovalState, Decision, JobRecord, JobState, JoinState, Outcome, RunState, RunStatus,
+    MAX_ATTEMPTS,
+};
+
+use crate::expr::ExprError;
+use crate::graph::GraphBundle;
+use crate::ids::{JobId, NodeId};
+use serde_json::json;
+use step::Engine;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error("node `{0}` is not in the graph")]
+    UnknownNode(NodeId),
+    #[error("node `{node}`: {source}")]
+    Expr {
+        node: NodeId,
+        #[source]
+        source: ExprError,
+    },
+}
+
+/// Applies an event to a copy of `state`.
+pub fn apply(
+    bundle: &GraphBundle,
+    state: &RunState,
+    event: &Event,
+    assemble: &dyn Fn(&str) -> Option<Assembler>,
+) -> Result<Transition, EngineError> {
+    let mut next = state.clone();
+    let (effects, applied) = apply_in_place(bundle, &mut next, event, assemble)?;
+    Ok(Transition {
+        state: next,
+        effects,
+        applied,
+    })
+}
+
+/// Applies an event to `state` itself (no copy, for batches). On an error the state may be
+/// half-changed: the caller must discard it.
+pub fn apply_in_place(
+    bundle: &GraphBundle,
+    state: &mut RunState,
+    event: &Event,
+    assemble: &dyn Fn(&str) -> Option<Assembler>,
+) -> Result<(Vec<Effect>, Applied), EngineError> {
+    let unchanged = |applied| Ok((Vec::new(), applied));
+    let at = match event {
+        Event::Start { at }
+        | Event::JobFinished { at, .. }
+        | Event::JobDead { at, .. }
+        | Event::JobStarted { at, .. }
+        | Event::Reissue { at, .. }
+        | Event::Restored { at }
+        | Event::Decide { at, .. }
+        | Event::Cancel { at } => at.as_str(),
+    };
+    enum Step {
+        Start,
+        Finished(JobRecord),
+        Dead(JobRecord),
+        Started(JobRecord),
+        Reissue(JobRecord),
+        Restored(Vec<(JobId, JobRecord)>),
+        Decide(ApprovalState),
+        Cancel,
+    }
+    let step = match event {
+        Event::Start { .. } => {
+            if state.status != RunStatus::Pending {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Start
+        }
+        Event::JobFinished { result, .. } => {
+            let Some(record) = state.jobs.get(&result.job_id) else {
+                return unchanged(Applied::Ignored("unknown job"));
+            };
+            if result.attempt < record.attempt {
+                return unchanged(Applied::Stale {
+                    current: record.attempt,
+                });
+            }
+            if record.state != JobState::Pending {
+                return unchanged(Applied::Duplicate);
+            }
+            let late_advisory = state.status.is_terminal() && record.advisory;
+            if state.status != RunStatus::Running && !late_advisory {
+                return unchanged(Applied::Ignored("run is not running"));
+            }
+            Step::Finished(record.clone())
+        }
+        Event::JobDead {
+            job_id, attempt, ..
+        } => {
+            let Some(record) = state.jobs.get(job_id) else {
+                return unchanged(Applied::Ignored("unknown job"));
+            };
+            if *attempt < record.attempt {
+                return unchanged(Applied::Stale {
+                    current: record.attempt,
+                });
+            }
+            if record.state != JobState::Pending || state.status != RunStatus::Running {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Dead(record.clone())
+        }
+        Event::JobStarted {
+            job_id, attempt, ..
+        }
+        | Event::Reissue {
+            job_id, attempt, ..
+        } => {
+            let Some(record) = state.jobs.get(job_id) else {
+                return unchanged(Applied::Ignored("unknown job"));
+            };
+            if *attempt < record.attempt {
+                return unchanged(Applied::Stale {
+                    current: record.attempt,
+                });
+            }
+            let live = state.status == RunStatus::Running
+                || (state.status.is_terminal() && record.advisory);
+            if record.state != JobState::Pending || !live {
+                return unchanged(Applied::Duplicate);
+            }
+            match event {
+                // The same worker announcing twice (a redelivered notice) changes nothing; a
+                // different worker took a redelivered job and restarts its clock.
+                Event::JobStarted { worker, .. } if record.worker.as_ref() == Some(worker) => {
+                    return unchanged(Applied::Duplicate)
+                }
+                Event::JobStarted { .. } => Step::Started(record.clone()),
+                // A deadline counted from the publish (empty `started_at`): only a job that
+                // never started is re-issued; a start brings its own deadline.
+                Event::Reissue { started_at, .. }
+                    if started_at.is_empty() && record.started_at.is_some() =>
+                {
+                    return unchanged(Applied::Ignored(
+                        "the job started; its own deadline applies",
+                    ))
+                }
+                Event::Reissue { started_at, .. }
+                    if !started_at.is_empty() && record.started_at.as_ref() != Some(started_at) =>
+                {
+                    return unchanged(Applied::Ignored("a later start supersedes this deadline"))
+                }
+                _ => Step::Reissue(record.clone()),
+            }
+        }
+        Event::Restored { .. } => {
+            let live = |r: &JobRecord| {
+                state.status == RunStatus::Running || (state.status.is_terminal() && r.advisory)
+            };
+            let waiting: Vec<(JobId, JobRecord)> = state
+                .pending_jobs()
+                .filter(|(_, r)| live(r))
+                .map(|(id, r)| (id.clone(), r.clone()))
+                .collect();
+            if waiting.is_empty() {
+                return unchanged(Applied::Ignored("no job to re-issue"));
+            }
+            Step::Restored(waiting)
+        }
+        Event::Decide { node, .. } => {
+            let Some(approval) = state
+                .approvals
+                .get(node)
+                .filter(|a| a.decision.is_none())
+                .cloned()
+            else {
+                return unchanged(Applied::Duplicate);
+            };
+            if state.status != RunStatus::Running {
+                return unchanged(Applied::Ignored("run is not running"));
+            }
+            Step::Decide(approval)
+        }
+        Event::Cancel { .. } => {
+            if state.status.is_terminal() {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Cancel
+        }
+    };
+    let mut e = Engine {
+        bundle,
+        state,
+        fx: Vec::new(),
+        at,
+        assemble,
+    };
+    match (step, event) {
+        (Step::Start, _) => {
+            e.state.status = RunStatus::Running;
+            let start = bundle.graph.start.clone();
+            e.enter(&start, None, None)?;
+        }
+        (Step::Finished(record), Event::JobFinished { result, .. }) => {
+            e.job_finished(result, record)?;
+        }
+        (Step::Dead(record), Event::JobDead { job_id, reason, .. }) => {
+            e.finish_job(job_id);
+            let result = json!({
+                "reason": "job_dead_lettered",
+                "job_id": job_id,
+                "node": record.node,
+                "detail": reason,
+            });
+            e.finish(RunStatus::Failed, result);
+        }
+        (
+            Step::Decide(approval),
+            Event::Decide {
+                node,
+                approved,
+                by,
+                comment,
+                ..
+            },
+        ) => {
+            e.decide(node, approval, *approved, by, comment)?;
+        }
+        (Step::Started(record), Event::JobStarted { job_id, worker, .. }) => {
+            if let Some(r) = e.state.jobs.get_mut(job_id) {
+                r.started_at = Some(at.to_string());
+                r.worker = Some(worker.clone());
+            }
+            e.fx.push(Effect::Watch {
+                job_id: job_id.clone(),
+                attempt: record.attempt,
+                started_at: at.to_string(),
+                timeout_seconds: record.timeout_seconds,
+            });
+        }
+        (Step::Reissue(record), Event::Reissue { job_id, .. }) => {
+            e.reissue(job_id, record)?;
+        }
+        (Step::Restored(waiting), _) => {
+            for (job_id, record) in waiting {
+                e.reissue_as_next(&job_id, record)?;
+            }
+        }
+        (Step::Cancel, _) => {
+            e.finish(RunStatus::Cancelled, json!({"reason": "cancelled"}));
+        }
+        _ => unreachable!("the step matches its event"),
+    }
+    e.state.updated_at = at.to_string();
+    Ok((e.fx, Applied::Changed))
+}
+
+#[cfg(test)]
+mod tests;

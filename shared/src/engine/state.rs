@@ -1,0 +1,251 @@
+//! The run state: what a run has done and still waits for ([`RunState`]), its jobs
+//! ([`JobRecord`], [`JobState`]), finished visits ([`Outcome`]), joins ([`JoinState`]) and
+//! approvals ([`ApprovalState`], [`Decision`]). Serialized as is into the run store and the mirror.
+
+use crate::graph::GraphBundle;
+use crate::ids::{Attempt, JobId, NodeId, RunId};
+use crate::messages::{AgentConfig, JobStatus, RepoSnapshot, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Pending,
+    Done,
+    Cancelled,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobRecord {
+    pub node: NodeId,
+    pub visit: u32,
+    pub attempt: Attempt,
+    pub state: JobState,
+    pub published_at: String,
+    pub finished_at: Option<String>,
+    /// The fan-out branch the job belongs to.
+    #[serde(default)]
+    pub branch: Option<u32>,
+    /// Advisory and observer jobs may finish after the run did.
+    #[serde(default)]
+    pub advisory: bool,
+    #[serde(default)]
+    pub timeout_seconds: u64,
+    /// When and where the current attempt started (from the worker's start notice).
+    #[serde(default)]
+    pub started_at: Option<String>,
+    #[serde(default)]
+    pub worker: Option<String>,
+}
+
+/// A job is re-issued at most this many times before the run fails.
+pub const MAX_ATTEMPTS: Attempt = 3;
+
+/// A finished visit of a node, as the engine and expressions see it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Outcome {
+    pub job_id: JobId,
+    pub node: NodeId,
+    pub visit: u32,
+    pub ok: bool,
+    pub status: JobStatus,
+    pub output: Value,
+    /// Fields the harness derived from the output (the node's `derive`).
+    #[serde(default)]
+    pub derived: Value,
+    pub error: Option<String>,
+    pub commit: Option<String>,
+    pub artifacts: BTreeMap<String, String>,
+    pub usage: Usage,
+    pub worker: String,
+    pub started_at: String,
+    pub finished_at: String,
+    /// Seconds the job's container lived (create to remove); 0 for jobs without one.
+    #[serde(default)]
+    pub container_seconds: f64,
+    #[serde(default)]
+    pub branch: Option<u32>,
+}
+
+/// Arrivals at a join: a set keyed by arriving node (or fan-out branch), so a redelivered
+/// result can never count twice; it fires when the set is complete, exactly once per round.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct JoinState {
+    pub arrived: BTreeMap<String, bool>,
+    pub expected: usize,
+    pub fired: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Decision {
+    pub approved: bool,
+    pub by: String,
+    pub comment: String,
+    pub at: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ApprovalState {
+    pub requested_at: String,
+    pub visit: u32,
+    pub branch: Option<u32>,
+    pub decision: Option<Decision>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunState {
+    pub run_id: RunId,
+    pub graph_name: String,
+    pub graph_ref: String,
+    pub status: RunStatus,
+    pub input: Value,
+    /// Values computed at submission by the graph's prepare hook (hashes, paths).
+    pub meta: Value,
+    pub repo: RepoSnapshot,
+    pub agent: AgentConfig,
+    pub visits: BTreeMap<NodeId, u32>,
+    pub jobs: BTreeMap<JobId, JobRecord>,
+    pub history: Vec<Outcome>,
+    pub result: Option<Value>,
+    pub usage: Usage,
+    pub created_at: String,
+    pub updated_at: String,
+    pub finished_at: Option<String>,
+    #[serde(default)]
+    pub joins: BTreeMap<NodeId, JoinState>,
+    /// Fan-out items by branch id.
+    #[serde(default)]
+    pub branches: BTreeMap<u32, Value>,
+    #[serde(default)]
+    pub approvals: BTreeMap<NodeId, ApprovalState>,
+    /// Failure signatures seen per node, for stuck detection.
+    #[serde(default)]
+    pub signatures: BTreeMap<NodeId, Vec<String>>,
+}
+
+impl RunState {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        run_id: RunId,
+        bundle: &GraphBundle,
+        graph_ref: String,
+        input: Value,
+        meta: Value,
+        repo: RepoSnapshot,
+        agent: AgentConfig,
+        at: &str,
+    ) -> Self {
+        Self {
+            run_id,
+            graph_name: bundle.graph.name.clone(),
+            graph_ref,
+            status: RunStatus::Pending,
+            input,
+            meta,
+            repo,
+            agent,
+            visits: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            history: Vec::new(),
+            result: None,
+            usage: Usage::default(),
+            created_at: at.to_string(),
+            updated_at: at.to_string(),
+            finished_at: None,
+            joins: BTreeMap::new(),
+            branches: BTreeMap::new(),
+            approvals: BTreeMap::new(),
+            signatures: BTreeMap::new(),
+        }
+    }
+
+    pub fn last_outcome(&self, node: &NodeId) -> Option<&Outcome> {
+        self.history.iter().rev().find(|o| &o.node == node)
+    }
+
+    /// The latest outcome of `node` as seen from `branch`: the branch's own, else the run's.
+    pub fn last_outcome_in(&self, node: &NodeId, branch: Option<u32>) -> Option<&Outcome> {
+        branch
+            .and_then(|b| {
+                self.history
+                    .iter()
+                    .rev()
+                    .find(|o| &o.node == node && o.branch == Some(b))
+            })
+            .or_else(|| {
+                self.history
+                    .iter()
+                    .rev()
+                    .find(|o| &o.node == node && (o.branch.is_none() || branch.is_none()))
+            })
+    }
+
+    pub fn pending_jobs(&self) -> impl Iterator<Item = (&JobId, &JobRecord)> {
+        self.jobs
+            .iter()
+            .filter(|(_, j)| j.state == JobState::Pending)
+    }
+
+    /// Approvals a human still has to decide.
+    pub fn awaiting_approval(&self) -> Vec<&NodeId> {
+        self.approvals
+            .iter()
+            .filter(|(_, a)| a.decision.is_none())
+            .map(|(n, _)| n)
+            .collect()
+    }
+}
+
+impl Outcome {
+    /// The outcome of a step the engine takes itself (a join firing, a fan-out, a decision):
+    /// no worker, no container, no commit.
+    pub(super) fn of_engine(
+        run: &RunId,
+        node: &NodeId,
+        visit: u32,
+        ok: bool,
+        output: Value,
+        at: &str,
+        branch: Option<u32>,
+    ) -> Self {
+        Outcome {
+            job_id: JobId::for_visit(run, node, visit),
+            node: node.clone(),
+            visit,
+            ok,
+            status: if ok { JobStatus::Ok } else { JobStatus::Failed },
+            output,
+            derived: json!({}),
+            error: None,
+            commit: None,
+            artifacts: BTreeMap::new(),
+            usage: Usage::default(),
+            worker: String::new(),
+            started_at: at.to_string(),
+            finished_at: at.to_string(),
+            container_seconds: 0.0,
+            branch,
+        }
+    }
+}

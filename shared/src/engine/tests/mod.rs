@@ -1,0 +1,145 @@
+//! Engine tests: the helpers every room of tests shares (bundles, runs, results), and
+//! - `factory_runs.rs`: runs of the shipped factory graph (happy path, attempts and briefs,
+//!   duplicates and stale attempts, dead jobs, cancel, visit budgets);
+//! - `graphs.rs`: parallel paths and node kinds (fork and join, fan-out, approvals, advisory and
+//!   observer nodes, stuck detection, write scopes);
+//! - `deadlines.rs`: started and queued deadlines, re-issues and restores (fencing);
+//! - `join_order.rs`: property test: joins fire once and the run ends once whatever the order,
+//!   duplicates and stale attempts of the branch results.
+
+use super::*;
+use crate::factory;
+use crate::graph::load_bundle;
+use crate::ids::{Attempt, JobId, NodeId, RunId};
+use crate::messages::{AgentConfig, JobResult, JobSpec, JobStatus, RepoSnapshot, Usage};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+mod deadlines;
+mod factory_runs;
+mod graphs;
+mod join_order;
+
+fn factory_bundle() -> GraphBundle {
+    load_bundle(
+        "graphs/factory/graph.yaml",
+        include_str!("../../../../graphs/factory/graph.yaml"),
+        |p| match p {
+            "templates/se.md.j2" => {
+                Ok(include_str!("../../../../graphs/factory/templates/se.md.j2").into())
+            }
+            "schemas/patch_proposal.json" => {
+                Ok(include_str!("../../../../graphs/factory/schemas/patch_proposal.json").into())
+            }
+            "schemas/factory_input.json" => {
+                Ok(include_str!("../../../../graphs/factory/schemas/factory_input.json").into())
+            }
+            other => Err(format!("unexpected {other}")),
+        },
+    )
+    .expect("the shipped factory graph passes the checker")
+}
+
+fn assembler(name: &str) -> Option<Assembler> {
+    (name == "factory_summary").then_some(factory::summarize as Assembler)
+}
+
+fn new_run(bundle: &GraphBundle, max_attempts: u32) -> RunState {
+    let input = json!({"work_order": {}, "options": {"max_attempts": max_attempts}});
+    RunState::new(
+        RunId::new("r1"),
+        bundle,
+        "graph-ref".into(),
+        input,
+        json!({"repo_tree_hash_before": "t0"}),
+        RepoSnapshot {
+            url: "repo".into(),
+            base_commit: "c0".into(),
+            packs: vec!["p0".into()],
+        },
+        AgentConfig::default(),
+        "t0",
+    )
+}
+
+fn step(bundle: &GraphBundle, state: &RunState, event: Event) -> Transition {
+    apply(bundle, state, &event, &assembler).expect("event applies")
+}
+
+fn result(job: &JobId, attempt: Attempt, status: JobStatus, output: Value) -> Event {
+    Event::JobFinished {
+        result: Box::new(JobResult {
+            v: 1,
+            job_id: job.clone(),
+            run_id: RunId::new("r1"),
+            attempt,
+            status,
+            output,
+            error: (status != JobStatus::Ok).then(|| "boom".to_string()),
+            commit: Some(format!("commit-of-{job}")),
+            pack: Some(format!("pack-of-{job}")),
+            artifacts: BTreeMap::new(),
+            usage: Usage::default(),
+            worker: "w".into(),
+            started_at: "s".into(),
+            finished_at: "f".into(),
+            container_seconds: 0.0,
+        }),
+        at: "t".into(),
+    }
+}
+
+fn published(t: &Transition) -> &JobSpec {
+    match t.effects.as_slice() {
+        [Effect::Publish(spec)] => spec,
+        other => panic!("expected one publish, got {other:?}"),
+    }
+}
+
+fn bundle(yaml: &str) -> GraphBundle {
+    load_bundle("t.yaml", yaml, |p| match p {
+        "t.md" => Ok("go".into()),
+        "s.json" => Ok(r#"{"type":"object"}"#.into()),
+        other => Err(format!("unexpected {other}")),
+    })
+    .unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+fn jobs_of(t: &Transition) -> Vec<JobSpec> {
+    t.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Publish(s) => Some((**s).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ok(job: &JobId, output: Value) -> Event {
+    result(job, 1, JobStatus::Ok, output)
+}
+
+const FORK_JOIN: &str = r#"
+name: fj
+start: skel
+nodes:
+  skel:
+    kind: harness
+    op: noop
+    routes: [{to: [tests, impl]}]
+  tests:
+    kind: harness
+    op: noop
+    routes: [{to: meet}]
+  impl:
+    kind: harness
+    op: noop
+    routes: [{to: meet}]
+  meet:
+    kind: join
+    wait_for: [tests, impl]
+    routes: [{to: done}]
+  done:
+    kind: exit
+    status: meet.ok
+"#;

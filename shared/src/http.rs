@@ -1,0 +1,369 @@
+//! The HTTP API's response bodies, shared by the server (`coordinator::api`) and its client
+//! (`coordinator::cli::client`): one definition per body, so the two cannot drift apart. Every
+//! body names the API version it speaks (`v`); a client refuses a body of another version.
+
+use crate::engine::{ApprovalState, JobState, RunState, RunStatus};
+use crate::ids::{JobId, NodeId, RunId};
+use crate::messages::{JobStatus, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The version of the bodies below.
+pub const API_VERSION: u32 = 1;
+
+fn api_version() -> u32 {
+    API_VERSION
+}
+
+/// An error: a message and a detail per problem found.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(default)]
+    pub details: Vec<String>,
+}
+
+/// `POST /v1/runs`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Submitted {
+    #[serde(default = "api_version")]
+    pub v: u32,
+    pub run_id: String,
+    /// False when the same submission was made before: the existing run is returned.
+    pub created: bool,
+}
+
+/// One entry of `GET /v1/runs`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunListing {
+    pub run_id: RunId,
+    #[serde(default)]
+    pub graph: String,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub created_at: String,
+    #[serde(default)]
+    pub finished_at: Option<String>,
+}
+
+impl RunListing {
+    pub fn of(s: &RunState) -> Self {
+        RunListing {
+            run_id: s.run_id.clone(),
+            graph: s.graph_name.clone(),
+            status: s.status,
+            created_at: s.created_at.clone(),
+            finished_at: s.finished_at.clone(),
+        }
+    }
+}
+
+/// `GET /v1/runs/:id/summary`: the status without the job list.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunSummary {
+    #[serde(default = "api_version")]
+    pub v: u32,
+    pub run_id: String,
+    #[serde(default)]
+    pub graph: String,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub awaiting_approval: Vec<String>,
+    #[serde(default)]
+    pub visits: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub usage: Usage,
+    #[serde(default)]
+    pub jobs_total: u64,
+    #[serde(default)]
+    pub jobs_pending: u64,
+    #[serde(default)]
+    pub created_at: String,
+    #[serde(default)]
+    pub updated_at: String,
+    #[serde(default)]
+    pub finished_at: Option<String>,
+}
+
+impl RunSummary {
+    pub fn of(s: &RunState) -> Self {
+        RunSummary {
+            v: API_VERSION,
+            run_id: s.run_id.to_string(),
+            graph: s.graph_name.clone(),
+            status: s.status,
+            awaiting_approval: s.awaiting_approval().iter().map(|n| n.to_string()).collect(),
+            visits: s
+                .visits
+                .iter()
+                .map(|(n, v)| (n.to_string(), u64::from(*v)))
+                .collect(),
+            usage: s.usage,
+            jobs_total: s.jobs.len() as u64,
+            jobs_pending: s.pending_jobs().count() as u64,
+            created_at: s.created_at.clone(),
+            updated_at: s.updated_at.clone(),
+            finished_at: s.finished_at.clone(),
+        }
+    }
+}
+
+/// A job in the status view.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobView {
+    pub job_id: JobId,
+    pub node: NodeId,
+    pub visit: u32,
+    pub attempt: u32,
+    pub state: JobState,
+    pub published_at: String,
+    pub finished_at: Option<String>,
+    pub status: Option<JobStatus>,
+    pub worker: Option<String>,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub container_seconds: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// A join in the status view: arrivals of the round under way.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JoinView {
+    pub fired: u32,
+    pub arrived: Vec<String>,
+    pub expected: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RepoView {
+    pub url: String,
+    pub base_commit: String,
+}
+
+/// `GET /v1/runs/:id`: the run, its joins, approvals and every job with its state.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StatusView {
+    #[serde(default = "api_version")]
+    pub v: u32,
+    pub run_id: RunId,
+    pub graph: String,
+    pub status: RunStatus,
+    pub awaiting_approval: Vec<NodeId>,
+    pub approvals: BTreeMap<NodeId, ApprovalState>,
+    pub joins: BTreeMap<NodeId, JoinView>,
+    pub branches: usize,
+    pub visits: BTreeMap<NodeId, u32>,
+    pub jobs: Vec<JobView>,
+    pub usage: Usage,
+    pub repo: RepoView,
+    pub meta: Value,
+    pub created_at: String,
+    pub updated_at: String,
+    pub finished_at: Option<String>,
+}
+
+impl StatusView {
+    pub fn of(s: &RunState) -> Self {
+        let jobs = s
+            .jobs
+            .iter()
+            .map(|(id, j)| {
+                let outcome = s.history.iter().find(|o| &o.job_id == id);
+                JobView {
+                    job_id: id.clone(),
+                    node: j.node.clone(),
+                    visit: j.visit,
+                    attempt: j.attempt,
+                    state: j.state,
+                    published_at: j.published_at.clone(),
+                    finished_at: j.finished_at.clone(),
+                    status: outcome.map(|o| o.status),
+                    worker: outcome.map(|o| o.worker.clone()),
+                    started_at: outcome.map(|o| o.started_at.clone()),
+                    ended_at: outcome.map(|o| o.finished_at.clone()),
+                    container_seconds: outcome.map(|o| o.container_seconds),
+                    error: outcome.and_then(|o| o.error.clone()),
+                }
+            })
+            .collect();
+        let joins = s
+            .joins
+            .iter()
+            .map(|(n, j)| {
+                let view = JoinView {
+                    fired: j.fired,
+                    arrived: j.arrived.keys().cloned().collect(),
+                    expected: j.expected,
+                };
+                (n.clone(), view)
+            })
+            .collect();
+        StatusView {
+            v: API_VERSION,
+            run_id: s.run_id.clone(),
+            graph: s.graph_name.clone(),
+            status: s.status,
+            awaiting_approval: s.awaiting_approval().into_iter().cloned().collect(),
+            approvals: s.approvals.clone(),
+            joins,
+            branches: s.branches.len(),
+            visits: s.visits.clone(),
+            jobs,
+            usage: s.usage,
+            repo: RepoView {
+                url: s.repo.url.clone(),
+                base_commit: s.repo.base_commit.clone(),
+            },
+            meta: s.meta.clone(),
+            created_at: s.created_at.clone(),
+            updated_at: s.updated_at.clone(),
+            finished_at: s.finished_at.clone(),
+        }
+    }
+}
+
+/// `GET /v1/runs/:id/result` (a finished run).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunOutcome {
+    #[serde(default = "api_version")]
+    pub v: u32,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub result: Value,
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+impl RunOutcome {
+    /// The result's verdict (`PASS`, ...), or the status in capitals.
+    pub fn verdict(&self) -> String {
+        self.result["verdict"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                serde_json::to_value(self.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_uppercase))
+                    .unwrap_or_else(|| format!("{:?}", self.status).to_uppercase())
+            })
+    }
+
+    pub fn ended_stage(&self) -> Option<&str> {
+        self.result["ended_stage"].as_str()
+    }
+}
+
+/// What a cancel did.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelEffect {
+    Cancelled,
+    /// The run had ended before: nothing changed.
+    AlreadyFinished,
+}
+
+/// `POST /v1/runs/:id/cancel`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CancelAnswer {
+    #[serde(default = "api_version")]
+    pub v: u32,
+    pub run_id: RunId,
+    /// The run's status after the request.
+    pub status: RunStatus,
+    /// Absent in bodies of servers before this field: read the status then.
+    #[serde(default)]
+    pub applied: Option<CancelEffect>,
+}
+
+/// `POST /v1/runs/:id/approvals/:node`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Decided {
+    #[serde(default = "api_version")]
+    pub v: u32,
+    pub run_id: RunId,
+    pub node: NodeId,
+    /// `decided`, or `already decided` (a second decision changes nothing).
+    pub applied: String,
+    pub status: RunStatus,
+}
+
+/// One entry of `GET /v1/runs/:id/logs`: a finished job.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LogEntry {
+    pub job_id: JobId,
+    pub node: NodeId,
+    pub visit: u32,
+    pub status: JobStatus,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub worker: String,
+    #[serde(default)]
+    pub started_at: String,
+    #[serde(default)]
+    pub finished_at: String,
+    #[serde(default)]
+    pub artifacts: BTreeMap<String, String>,
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+impl LogEntry {
+    pub fn all(s: &RunState) -> Vec<LogEntry> {
+        s.history
+            .iter()
+            .map(|o| LogEntry {
+                job_id: o.job_id.clone(),
+                node: o.node.clone(),
+                visit: o.visit,
+                status: o.status,
+                error: o.error.clone(),
+                worker: o.worker.clone(),
+                started_at: o.started_at.clone(),
+                finished_at: o.finished_at.clone(),
+                artifacts: o.artifacts.clone(),
+                usage: o.usage,
+            })
+            .collect()
+    }
+}
+
+/// Refuses a body that speaks another version of the API.
+pub fn check_version(v: u32) -> Result<(), String> {
+    if v == API_VERSION {
+        Ok(())
+    } else {
+        Err(format!(
+            "the server speaks API version {v}; this client speaks {API_VERSION}"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_without_a_version_are_read_as_this_version_and_others_are_refused() {
+        let s: Submitted = serde_json::from_str(r#"{"run_id": "r1", "created": true}"#).unwrap();
+        assert_eq!(s.v, API_VERSION);
+        assert!(check_version(s.v).is_ok());
+        let later: Submitted =
+            serde_json::from_str(r#"{"v": 2, "run_id": "r1", "created": true}"#).unwrap();
+        assert!(check_version(later.v).unwrap_err().contains("version 2"));
+    }
+
+    #[test]
+    fn a_cancel_answer_round_trips_with_its_effect() {
+        let a = CancelAnswer {
+            v: API_VERSION,
+            run_id: RunId::new("r1"),
+            status: RunStatus::Succeeded,
+            applied: Some(CancelEffect::AlreadyFinished),
+        };
+        let text = serde_json::to_string(&a).unwrap();
+        assert!(text.contains(r#""applied":"already_finished""#), "{text}");
+        assert_eq!(serde_json::from_str::<CancelAnswer>(&text).unwrap(), a);
+    }
+}
