@@ -9,6 +9,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use shared::engine::RunState;
+use shared::http;
 use shared::ids::RunId;
 use std::sync::Arc;
 use tracing::error;
@@ -34,7 +35,11 @@ pub struct ApiError(StatusCode, String, Vec<String>);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": self.1, "details": self.2}))).into_response()
+        let body = shared::http::ErrorBody {
+            error: self.1,
+            details: self.2,
+        };
+        (self.0, Json(body)).into_response()
     }
 }
 
@@ -73,7 +78,7 @@ async fn metrics(State(c): State<Arc<Coordinator>>) -> impl IntoResponse {
 async fn create_run(
     State(c): State<Arc<Coordinator>>,
     body: axum::body::Bytes,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<http::Submitted>)> {
     let malformed = |e: String| {
         ApiError(
             StatusCode::BAD_REQUEST,
@@ -95,62 +100,33 @@ async fn create_run(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(json!(resp))))
+    let body = http::Submitted {
+        v: http::API_VERSION,
+        run_id: resp.run_id.to_string(),
+        created: resp.created,
+    };
+    Ok((status, Json(body)))
 }
 
-async fn list_runs(State(c): State<Arc<Coordinator>>) -> ApiResult<Json<Value>> {
+async fn list_runs(State(c): State<Arc<Coordinator>>) -> ApiResult<Json<Vec<http::RunListing>>> {
     let mut out = Vec::new();
     for id in c.store.list().await.map_err(DriverError::from)? {
         if let Ok(s) = c.load(&id).await {
-            out.push(
-                json!({"run_id": s.run_id, "graph": s.graph_name, "status": s.status,
-                "created_at": s.created_at, "finished_at": s.finished_at}),
-            );
+            out.push(http::RunListing::of(&s));
         }
     }
-    Ok(Json(Value::Array(out)))
+    Ok(Json(out))
 }
 
 /// The status view: run, visits, every job with its state, usage.
-pub fn status_view(s: &RunState) -> Value {
-    let jobs: Vec<Value> = s
-        .jobs
-        .iter()
-        .map(|(id, j)| {
-            let outcome = s.history.iter().find(|o| &o.job_id == id);
-            json!({
-                "job_id": id, "node": j.node, "visit": j.visit, "attempt": j.attempt,
-                "state": j.state, "published_at": j.published_at, "finished_at": j.finished_at,
-                "status": outcome.map(|o| o.status), "worker": outcome.map(|o| o.worker.clone()),
-                "started_at": outcome.map(|o| o.started_at.clone()),
-                "ended_at": outcome.map(|o| o.finished_at.clone()),
-                "container_seconds": outcome.map(|o| o.container_seconds),
-                "error": outcome.and_then(|o| o.error.clone()),
-            })
-        })
-        .collect();
-    let joins: serde_json::Map<String, Value> = s
-        .joins
-        .iter()
-        .map(|(n, j)| (n.to_string(), json!({"fired": j.fired, "arrived": j.arrived.keys().collect::<Vec<_>>(), "expected": j.expected})))
-        .collect();
-    json!({
-        "run_id": s.run_id, "graph": s.graph_name, "status": s.status,
-        "awaiting_approval": s.awaiting_approval(),
-        "approvals": s.approvals,
-        "joins": joins,
-        "branches": s.branches.len(),
-        "visits": s.visits, "jobs": jobs, "usage": s.usage,
-        "repo": {"url": s.repo.url, "base_commit": s.repo.base_commit},
-        "meta": s.meta,
-        "created_at": s.created_at, "updated_at": s.updated_at, "finished_at": s.finished_at,
-    })
+pub fn status_view(s: &RunState) -> http::StatusView {
+    http::StatusView::of(s)
 }
 
 async fn run_status(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<http::StatusView>> {
     let s = c.load(&RunId::new(id)).await?;
     Ok(Json(status_view(&s)))
 }
@@ -159,27 +135,23 @@ async fn run_status(
 async fn run_summary(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<http::RunSummary>> {
     let s = c.load(&RunId::new(id)).await?;
-    Ok(Json(json!({
-        "run_id": s.run_id, "graph": s.graph_name, "status": s.status,
-        "awaiting_approval": s.awaiting_approval(),
-        "visits": s.visits, "usage": s.usage,
-        "jobs_total": s.jobs.len(),
-        "jobs_pending": s.pending_jobs().count(),
-        "created_at": s.created_at, "updated_at": s.updated_at, "finished_at": s.finished_at,
-    })))
+    Ok(Json(http::RunSummary::of(&s)))
 }
 
 async fn run_result(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<http::RunOutcome>> {
     let s = c.load(&RunId::new(id)).await?;
     match s.result {
-        Some(r) => Ok(Json(
-            json!({"status": s.status, "result": r, "usage": s.usage}),
-        )),
+        Some(result) => Ok(Json(http::RunOutcome {
+            v: http::API_VERSION,
+            status: s.status,
+            result,
+            usage: s.usage,
+        })),
         None => Err(ApiError(
             StatusCode::CONFLICT,
             format!("run is {:?}", s.status).to_lowercase(),
@@ -191,11 +163,19 @@ async fn run_result(
 async fn cancel_run(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<http::CancelAnswer>> {
     let run = RunId::new(id);
-    c.cancel(&run).await?;
+    let applied = match c.cancel(&run).await? {
+        shared::engine::Applied::Changed => http::CancelEffect::Cancelled,
+        _ => http::CancelEffect::AlreadyFinished,
+    };
     let s = c.load(&run).await?;
-    Ok(Json(json!({"run_id": run, "status": s.status})))
+    Ok(Json(http::CancelAnswer {
+        v: http::API_VERSION,
+        run_id: run,
+        status: s.status,
+        applied: Some(applied),
+    }))
 }
 
 #[derive(serde::Deserialize)]
@@ -211,7 +191,7 @@ async fn decide(
     State(c): State<Arc<Coordinator>>,
     Path((id, node)): Path<(String, String)>,
     body: axum::body::Bytes,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<http::Decided>> {
     let run = RunId::new(id);
     let d: DecideBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError(
@@ -237,28 +217,21 @@ async fn decide(
         shared::engine::Applied::Changed => "decided",
         _ => "already decided",
     };
-    Ok(Json(
-        json!({"run_id": run, "node": node, "applied": applied, "status": s.status}),
-    ))
+    Ok(Json(http::Decided {
+        v: http::API_VERSION,
+        run_id: run,
+        node: shared::ids::NodeId::new(node),
+        applied: applied.to_string(),
+        status: s.status,
+    }))
 }
 
 async fn run_logs(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Vec<http::LogEntry>>> {
     let s = c.load(&RunId::new(id)).await?;
-    let entries: Vec<Value> = s
-        .history
-        .iter()
-        .map(|o| {
-            json!({
-                "job_id": o.job_id, "node": o.node, "visit": o.visit, "status": o.status,
-                "error": o.error, "worker": o.worker, "started_at": o.started_at,
-                "finished_at": o.finished_at, "artifacts": o.artifacts, "usage": o.usage,
-            })
-        })
-        .collect();
-    Ok(Json(Value::Array(entries)))
+    Ok(Json(http::LogEntry::all(&s)))
 }
 
 async fn list_artifacts(
@@ -315,13 +288,11 @@ fn belongs_to(state: &RunState, key: &str) -> bool {
 async fn read_artifact(c: &Coordinator, run: &RunId, key: &str) -> ApiResult<Response> {
     match c.blobs.get(key).await {
         Ok(bytes) => Ok(bytes.into_response()),
-        Err(worker::blobs::BlobError::Store(object_store::Error::NotFound { .. })) => {
-            Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!("run `{run}` has no artifact `{key}`"),
-                vec![],
-            ))
-        }
+        Err(e) if e.is_not_found() => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("run `{run}` has no artifact `{key}`"),
+            vec![],
+        )),
         Err(e) => Err(DriverError::from(e).into()),
     }
 }
@@ -420,17 +391,19 @@ mod tests {
             files: Default::default(),
         };
         let mut state = RunState::new(
-            RunId::new("r1"),
-            &bundle,
-            "graphs/g.json".into(),
-            json!({}),
-            json!({}),
-            shared::messages::RepoSnapshot {
-                url: "/repo".into(),
-                base_commit: "c".into(),
-                packs: vec![],
+            shared::engine::NewRun {
+                run_id: RunId::new("r1"),
+                graph_ref: "graphs/g.json".into(),
+                input: json!({}),
+                meta: json!({}),
+                repo: shared::messages::RepoSnapshot {
+                    url: "/repo".into(),
+                    base_commit: "c".into(),
+                    packs: vec![],
+                },
+                agent: Default::default(),
             },
-            Default::default(),
+            &bundle,
             "2024-01-01T00:00:00Z",
         );
         assert!(belongs_to(&state, "runs/r1/run_summary.json"));

@@ -155,13 +155,15 @@ pub async fn submit_as(
         packs: vec![pack_key],
     };
     let state = RunState::new(
-        run_id.clone(),
+        shared::engine::NewRun {
+            run_id: run_id.clone(),
+            graph_ref,
+            input,
+            meta,
+            repo,
+            agent: req.agent,
+        },
         &bundle,
-        graph_ref,
-        input,
-        meta,
-        repo,
-        req.agent,
         &now(),
     );
     match coord.create_run(state, &bundle).await {
@@ -392,17 +394,19 @@ mod tests {
             files: Default::default(),
         };
         RunState::new(
-            RunId::new("r1"),
-            &bundle,
-            "graphs/gh.json".into(),
-            json!({"x": 1}),
-            meta,
-            RepoSnapshot {
-                url: "/repo".into(),
-                base_commit: "c".into(),
-                packs: vec![],
+            shared::engine::NewRun {
+                run_id: RunId::new("r1"),
+                graph_ref: "graphs/gh.json".into(),
+                input: json!({"x": 1}),
+                meta,
+                repo: RepoSnapshot {
+                    url: "/repo".into(),
+                    base_commit: "c".into(),
+                    packs: vec![],
+                },
+                agent: script(&[("a", 1)]),
             },
-            script(&[("a", 1)]),
+            &bundle,
             "2024-01-01T00:00:00Z",
         )
     }

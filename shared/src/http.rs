@@ -93,7 +93,11 @@ impl RunSummary {
             run_id: s.run_id.to_string(),
             graph: s.graph_name.clone(),
             status: s.status,
-            awaiting_approval: s.awaiting_approval().iter().map(|n| n.to_string()).collect(),
+            awaiting_approval: s
+                .awaiting_approval()
+                .iter()
+                .map(|n| n.to_string())
+                .collect(),
             visits: s
                 .visits
                 .iter()

@@ -35,6 +35,12 @@ pub enum BlobError {
 }
 
 impl BlobError {
+    /// The key is not there (never written, or deleted). Callers decide with this, never by
+    /// matching the object store's own error type.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, BlobError::Store(object_store::Error::NotFound { .. }))
+    }
+
     /// May pass on another try: the store unreachable, slow or refusing for now. A key that is
     /// not there (object storage is read-after-write consistent: whoever names a key wrote it
     /// first), an object that is not what its key says, and a bad store url are for good.
@@ -187,6 +193,140 @@ impl Blobs {
     }
 }
 
+/// The contract of [`Blobs`], written once and run against every backing store: object_store's
+/// in-memory store in this crate's unit tests, local files (`file://`) and S3 (`s3://`) in
+/// `tests/conformance.rs`. Each case takes a [`Blobs`] in a namespace of its own; the
+/// namespace case takes two over the same backing store.
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance {
+    use super::{BlobError, Blobs};
+    use shared::hashing::sha256_hex;
+
+    pub async fn put_then_get_returns_the_bytes(blobs: &Blobs) {
+        blobs.put("runs/r/a.bin", b"first".to_vec()).await.unwrap();
+        assert_eq!(blobs.get("runs/r/a.bin").await.unwrap(), b"first");
+        blobs.put("runs/r/a.bin", b"second".to_vec()).await.unwrap();
+        assert_eq!(
+            blobs.get("runs/r/a.bin").await.unwrap(),
+            b"second",
+            "a put replaces the object"
+        );
+        blobs.put("runs/r/empty", Vec::new()).await.unwrap();
+        assert!(blobs.get("runs/r/empty").await.unwrap().is_empty());
+    }
+
+    pub async fn a_missing_key_is_not_found_and_permanent(blobs: &Blobs) {
+        let e = blobs.get("runs/r/missing.json").await.unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        assert!(!e.is_transient(), "{e}");
+        let e = blobs
+            .get_json::<serde_json::Value>("runs/r/missing.json")
+            .await
+            .unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        let e = blobs
+            .get_content::<serde_json::Value>("blobs/00")
+            .await
+            .unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+    }
+
+    pub async fn exists_and_delete(blobs: &Blobs) {
+        assert!(!blobs.exists("runs/r/x").await.unwrap());
+        blobs.put("runs/r/x", b"x".to_vec()).await.unwrap();
+        assert!(blobs.exists("runs/r/x").await.unwrap());
+        blobs.delete("runs/r/x").await.unwrap();
+        assert!(!blobs.exists("runs/r/x").await.unwrap());
+        assert!(blobs.get("runs/r/x").await.unwrap_err().is_not_found());
+        blobs
+            .delete("runs/r/x")
+            .await
+            .expect("deleting a missing key is not an error");
+    }
+
+    pub async fn json_round_trips(blobs: &Blobs) {
+        let v = serde_json::json!({"a": [1, 2, {"b": "ü"}], "n": null});
+        blobs.put_json("runs/r/v.json", &v).await.unwrap();
+        let back: serde_json::Value = blobs.get_json("runs/r/v.json").await.unwrap();
+        assert_eq!(back, v);
+        blobs
+            .put("runs/r/bad.json", b"{not json".to_vec())
+            .await
+            .unwrap();
+        let e = blobs
+            .get_json::<serde_json::Value>("runs/r/bad.json")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BlobError::Decode { .. }), "{e}");
+        assert!(!e.is_not_found() && !e.is_transient(), "{e}");
+    }
+
+    pub async fn content_keys_are_checked(blobs: &Blobs) {
+        let v = serde_json::json!({"spec": "x"});
+        let key = blobs.put_content(&v).await.unwrap();
+        let bytes = serde_json::to_vec(&v).unwrap();
+        assert_eq!(key, format!("blobs/{}", sha256_hex(&bytes)));
+        assert_eq!(
+            blobs.put_content(&v).await.unwrap(),
+            key,
+            "storing the same content twice names the same key"
+        );
+        let back: serde_json::Value = blobs.get_content(&key).await.unwrap();
+        assert_eq!(back, v);
+        // An object that is not what its key says is refused, for good.
+        blobs.put(&key, b"{\"spec\":\"y\"}".to_vec()).await.unwrap();
+        let e = blobs
+            .get_content::<serde_json::Value>(&key)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BlobError::Corrupt { .. }), "{e}");
+        assert!(!e.is_transient());
+    }
+
+    pub async fn small_values_ride_inline_large_ones_are_stored(blobs: &Blobs) {
+        let small = serde_json::json!({"s": 1});
+        let (key, inline) = blobs.inline_or_store(&small, 1024).await.unwrap();
+        assert_eq!(inline, Some(small.clone()));
+        assert!(
+            !blobs.exists(&key).await.unwrap(),
+            "an inlined value is not stored"
+        );
+        let large = serde_json::json!({"s": "x".repeat(2048)});
+        let (key, inline) = blobs.inline_or_store(&large, 1024).await.unwrap();
+        assert_eq!(inline, None);
+        let back: serde_json::Value = blobs.get_content(&key).await.unwrap();
+        assert_eq!(back, large);
+    }
+
+    pub async fn list_is_sorted_and_under_the_prefix(blobs: &Blobs) {
+        for k in [
+            "runs/r1/b",
+            "runs/r1/a",
+            "runs/r1/sub/c",
+            "runs/r2/a",
+            "graphs/g.json",
+        ] {
+            blobs.put(k, k.as_bytes().to_vec()).await.unwrap();
+        }
+        assert_eq!(
+            blobs.list("runs/r1").await.unwrap(),
+            vec!["runs/r1/a", "runs/r1/b", "runs/r1/sub/c"],
+            "keys under the prefix, sorted, relative to the namespace"
+        );
+        assert_eq!(blobs.list("runs/none").await.unwrap(), Vec::<String>::new());
+    }
+
+    pub async fn namespaces_do_not_see_each_other(a: &Blobs, b: &Blobs) {
+        a.put("runs/r/k", b"a".to_vec()).await.unwrap();
+        assert!(!b.exists("runs/r/k").await.unwrap());
+        assert!(b.get("runs/r/k").await.unwrap_err().is_not_found());
+        assert!(b.list("runs").await.unwrap().is_empty());
+        b.put("runs/r/k", b"b".to_vec()).await.unwrap();
+        assert_eq!(a.get("runs/r/k").await.unwrap(), b"a");
+        assert_eq!(b.get("runs/r/k").await.unwrap(), b"b");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::BlobError;
@@ -210,5 +350,55 @@ mod tests {
         assert!(!decode.is_transient());
         assert!(!BlobError::Corrupt { key: "k".into() }.is_transient());
         assert!(!BlobError::BadUrl("ftp://x".into()).is_transient());
+        assert!(missing.is_not_found());
+        assert!(!down.is_not_found());
+    }
+
+    /// The blob contract over object_store's in-memory store (no I/O); the same suite runs
+    /// over `file://` and `s3://` in tests/conformance.rs.
+    mod conformance_in_memory {
+        use super::super::conformance as c;
+        use super::super::Blobs;
+        use std::sync::Arc;
+
+        fn open() -> impl FnMut(&str) -> Blobs {
+            let store = Arc::new(object_store::memory::InMemory::new());
+            move |ns: &str| Blobs::from_store(store.clone(), &format!("ns-{ns}"))
+        }
+
+        #[tokio::test]
+        async fn put_then_get_returns_the_bytes() {
+            c::put_then_get_returns_the_bytes(&open()("a")).await;
+        }
+        #[tokio::test]
+        async fn a_missing_key_is_not_found_and_permanent() {
+            c::a_missing_key_is_not_found_and_permanent(&open()("a")).await;
+        }
+        #[tokio::test]
+        async fn exists_and_delete() {
+            c::exists_and_delete(&open()("a")).await;
+        }
+        #[tokio::test]
+        async fn json_round_trips() {
+            c::json_round_trips(&open()("a")).await;
+        }
+        #[tokio::test]
+        async fn content_keys_are_checked() {
+            c::content_keys_are_checked(&open()("a")).await;
+        }
+        #[tokio::test]
+        async fn small_values_ride_inline_large_ones_are_stored() {
+            c::small_values_ride_inline_large_ones_are_stored(&open()("a")).await;
+        }
+        #[tokio::test]
+        async fn list_is_sorted_and_under_the_prefix() {
+            c::list_is_sorted_and_under_the_prefix(&open()("a")).await;
+        }
+        #[tokio::test]
+        async fn namespaces_do_not_see_each_other() {
+            let mut open = open();
+            let (a, b) = (open("a"), open("b"));
+            c::namespaces_do_not_see_each_other(&a, &b).await;
+        }
     }
 }

@@ -1,6 +1,9 @@
-//! The in-process broker of the embedded mode: unbounded channels, settled in memory.
+//! The in-process broker of the embedded mode: unbounded channels, settled in memory. It keeps
+//! the queue port's contract (see `queue::conformance`): a requeue comes back with its
+//! delivery count raised, a rejected job goes to the dead jobs, and so does a job requeued past
+//! the delivery limit, as RabbitMQ's quorum queue does.
 
-use crate::queue::{Acker, Broker, Incoming, QueueName};
+use crate::queue::{Acker, Broker, Incoming, QueueName, DELIVERY_LIMIT};
 use async_trait::async_trait;
 use shared::ports::PortError;
 use std::collections::HashMap;
@@ -26,6 +29,65 @@ impl Default for MemoryBroker {
     }
 }
 
+/// Where a delivery goes when it is settled other than by an ack.
+#[derive(Clone)]
+struct MemoryAcker {
+    queue: mpsc::UnboundedSender<Incoming>,
+    /// The dead-letter queue (only the jobs queue has one: elsewhere a rejected message is
+    /// dropped) with the number of deliveries after which a requeue dead-letters.
+    dead: Option<(mpsc::UnboundedSender<Incoming>, u32)>,
+}
+
+fn closed() -> PortError {
+    PortError::Connection("queue closed".into())
+}
+
+impl MemoryAcker {
+    fn send_dead(&self, body: Vec<u8>, delivery_count: u32) -> Result<(), PortError> {
+        let Some((dead, _)) = &self.dead else {
+            return Ok(());
+        };
+        let settle = MemoryAcker {
+            queue: dead.clone(),
+            dead: None,
+        };
+        dead.send(Incoming {
+            body,
+            delivery_count,
+            acker: Box::new(settle),
+        })
+        .map_err(|_| closed())
+    }
+}
+
+#[async_trait]
+impl Acker for MemoryAcker {
+    async fn ack(self: Box<Self>) -> Result<(), PortError> {
+        Ok(())
+    }
+
+    async fn requeue(self: Box<Self>, body: Vec<u8>, delivery_count: u32) -> Result<(), PortError> {
+        let count = delivery_count.saturating_add(1);
+        if let Some((_, limit)) = &self.dead {
+            if count > *limit {
+                return self.send_dead(body, count);
+            }
+        }
+        let queue = self.queue.clone();
+        queue
+            .send(Incoming {
+                body,
+                delivery_count: count,
+                acker: self,
+            })
+            .map_err(|_| closed())
+    }
+
+    async fn reject(self: Box<Self>, body: Vec<u8>, delivery_count: u32) -> Result<(), PortError> {
+        self.send_dead(body, delivery_count)
+    }
+}
+
 impl MemoryBroker {
     fn channel(&self, q: QueueName) -> Channel {
         let mut queues = self.queues.lock().expect("queue map lock");
@@ -44,19 +106,18 @@ impl Broker for MemoryBroker {
     async fn publish(&self, queue: QueueName, body: &[u8], _id: &str) -> Result<(), PortError> {
         let (tx, _) = self.channel(queue);
         let dead = match queue {
-            QueueName::Jobs => self.channel(QueueName::DeadJobs).0,
-            // Other queues have no dead-letter queue: a rejected message is dropped.
-            _ => mpsc::unbounded_channel().0,
+            QueueName::Jobs => Some((self.channel(QueueName::DeadJobs).0, DELIVERY_LIMIT)),
+            QueueName::Results | QueueName::DeadJobs => None,
         };
         tx.send(Incoming {
             body: body.to_vec(),
             delivery_count: 0,
-            acker: Acker::Memory {
-                requeue: tx.clone(),
+            acker: Box::new(MemoryAcker {
+                queue: tx.clone(),
                 dead,
-            },
+            }),
         })
-        .map_err(|_| PortError::Connection("queue closed".into()))
+        .map_err(|_| closed())
     }
 
     async fn broadcast(&self, body: &[u8]) -> Result<(), PortError> {
@@ -95,5 +156,42 @@ impl Broker for MemoryBroker {
             }
         });
         out_rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The queue contract (`queue::conformance`) on the memory broker; the same suite runs on
+    //! RabbitMQ in tests/conformance.rs.
+    use super::MemoryBroker;
+    use crate::queue::conformance as c;
+
+    #[tokio::test]
+    async fn publish_then_subscribe_delivers_once_with_count_zero() {
+        c::publish_then_subscribe_delivers_once_with_count_zero(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn requeue_redelivers_with_a_raised_count() {
+        c::requeue_redelivers_with_a_raised_count(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn reject_dead_letters_a_job() {
+        c::reject_dead_letters_a_job(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn a_job_requeued_past_the_delivery_limit_is_dead_lettered() {
+        c::a_job_requeued_past_the_delivery_limit_is_dead_lettered(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn publish_many_delivers_all_in_order() {
+        c::publish_many_delivers_all_in_order(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn queues_are_separate() {
+        c::queues_are_separate(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn broadcast_reaches_every_listener() {
+        c::broadcast_reaches_every_listener(&MemoryBroker::default()).await;
     }
 }

@@ -24,13 +24,20 @@ impl QueueName {
     }
 }
 
-/// How a delivery is settled.
-pub enum Acker {
-    Amqp(lapin::acker::Acker),
-    Memory {
-        requeue: mpsc::UnboundedSender<Incoming>,
-        dead: mpsc::UnboundedSender<Incoming>,
-    },
+/// Deliveries of one job before the broker dead-letters it (a worker killed mid-job counts):
+/// the jobs queue's delivery limit, the same in every adapter.
+pub const DELIVERY_LIMIT: u32 = 5;
+
+/// How a delivery is settled: each adapter brings its own (the AMQP delivery tag, a channel in
+/// memory). Called at most once per delivery, through [`Incoming`].
+#[async_trait]
+pub trait Acker: Send + Sync {
+    async fn ack(self: Box<Self>) -> Result<(), PortError>;
+    /// Puts the message back for another delivery; `body` and `delivery_count` are the
+    /// delivery's own (an adapter that holds the message itself may ignore them).
+    async fn requeue(self: Box<Self>, body: Vec<u8>, delivery_count: u32) -> Result<(), PortError>;
+    /// Dead-letters the message (queues without a dead-letter queue drop it).
+    async fn reject(self: Box<Self>, body: Vec<u8>, delivery_count: u32) -> Result<(), PortError>;
 }
 
 /// One delivered message. Settle it exactly once: `ack` after its effects are stored, `requeue`
@@ -39,64 +46,20 @@ pub struct Incoming {
     pub body: Vec<u8>,
     /// How many times the broker delivered it before (0 on first delivery).
     pub delivery_count: u32,
-    pub acker: Acker,
+    pub acker: Box<dyn Acker>,
 }
 
 impl Incoming {
     pub async fn ack(self) -> Result<(), PortError> {
-        match self.acker {
-            Acker::Amqp(a) => a
-                .ack(lapin::options::BasicAckOptions::default())
-                .await
-                .map_err(|e| PortError::Connection(e.to_string())),
-            Acker::Memory { .. } => Ok(()),
-        }
+        self.acker.ack().await
     }
 
     pub async fn requeue(self) -> Result<(), PortError> {
-        match self.acker {
-            Acker::Amqp(a) => a
-                .nack(lapin::options::BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await
-                .map_err(|e| PortError::Connection(e.to_string())),
-            Acker::Memory { requeue, dead } => {
-                let again = Incoming {
-                    body: self.body,
-                    delivery_count: self.delivery_count + 1,
-                    acker: Acker::Memory {
-                        requeue: requeue.clone(),
-                        dead,
-                    },
-                };
-                requeue
-                    .send(again)
-                    .map_err(|_| PortError::Connection("queue closed".into()))
-            }
-        }
+        self.acker.requeue(self.body, self.delivery_count).await
     }
 
     pub async fn reject(self) -> Result<(), PortError> {
-        match self.acker {
-            Acker::Amqp(a) => a
-                .reject(lapin::options::BasicRejectOptions { requeue: false })
-                .await
-                .map_err(|e| PortError::Connection(e.to_string())),
-            Acker::Memory { requeue, dead } => {
-                let gone = Incoming {
-                    body: self.body,
-                    delivery_count: self.delivery_count,
-                    acker: Acker::Memory {
-                        requeue,
-                        dead: dead.clone(),
-                    },
-                };
-                dead.send(gone)
-                    .map_err(|_| PortError::Connection("queue closed".into()))
-            }
-        }
+        self.acker.reject(self.body, self.delivery_count).await
     }
 }
 
@@ -129,4 +92,159 @@ pub trait Broker: Send + Sync {
 
     /// Consumes `queue` with at most `prefetch` unacknowledged messages; survives reconnects.
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming>;
+}
+
+/// The contract of the queue port, written once and run against every adapter: the memory
+/// broker in this crate's unit tests, RabbitMQ in `tests/conformance.rs`. Each case takes a
+/// broker of its own (a fresh namespace) and settles everything it receives.
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance {
+    use super::{Broker, Incoming, QueueName, DELIVERY_LIMIT};
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+
+    /// Longest wait for a delivery the contract promises.
+    const WAIT: Duration = Duration::from_secs(10);
+    /// How long "nothing more comes" is watched.
+    const QUIET: Duration = Duration::from_millis(700);
+
+    async fn next(rx: &mut mpsc::Receiver<Incoming>, what: &str) -> Incoming {
+        match tokio::time::timeout(WAIT, rx.recv()).await {
+            Ok(Some(m)) => m,
+            Ok(None) => panic!("{what}: the subscription ended"),
+            Err(_) => panic!("{what}: nothing delivered within {WAIT:?}"),
+        }
+    }
+
+    async fn nothing(rx: &mut mpsc::Receiver<Incoming>, what: &str) {
+        if let Ok(Some(m)) = tokio::time::timeout(QUIET, rx.recv()).await {
+            panic!(
+                "{what}: unexpected delivery {:?} (count {})",
+                String::from_utf8_lossy(&m.body),
+                m.delivery_count
+            );
+        }
+    }
+
+    pub async fn publish_then_subscribe_delivers_once_with_count_zero(b: &dyn Broker) {
+        let mut jobs = b.subscribe(QueueName::Jobs, 8);
+        b.publish(QueueName::Jobs, b"m1", "m1").await.unwrap();
+        let m = next(&mut jobs, "first delivery").await;
+        assert_eq!(m.body, b"m1");
+        assert_eq!(m.delivery_count, 0);
+        m.ack().await.unwrap();
+        b.publish(QueueName::Jobs, b"m2", "m2").await.unwrap();
+        let m = next(&mut jobs, "second message").await;
+        assert_eq!(m.body, b"m2", "an acked message is not delivered again");
+        m.ack().await.unwrap();
+        nothing(&mut jobs, "after both acks").await;
+    }
+
+    pub async fn requeue_redelivers_with_a_raised_count(b: &dyn Broker) {
+        let mut jobs = b.subscribe(QueueName::Jobs, 8);
+        b.publish(QueueName::Jobs, b"again", "again").await.unwrap();
+        let m = next(&mut jobs, "first delivery").await;
+        assert_eq!(m.delivery_count, 0);
+        m.requeue().await.unwrap();
+        let m = next(&mut jobs, "redelivery").await;
+        assert_eq!(m.body, b"again");
+        assert_eq!(
+            m.delivery_count, 1,
+            "a requeued message counts its delivery"
+        );
+        m.ack().await.unwrap();
+        nothing(&mut jobs, "after the ack").await;
+    }
+
+    pub async fn reject_dead_letters_a_job(b: &dyn Broker) {
+        let mut jobs = b.subscribe(QueueName::Jobs, 8);
+        let mut dead = b.subscribe(QueueName::DeadJobs, 8);
+        b.publish(QueueName::Jobs, b"poison", "poison")
+            .await
+            .unwrap();
+        let m = next(&mut jobs, "delivery").await;
+        m.reject().await.unwrap();
+        let d = next(&mut dead, "dead letter").await;
+        assert_eq!(d.body, b"poison");
+        d.ack().await.unwrap();
+        nothing(&mut jobs, "a rejected job is not redelivered").await;
+        nothing(&mut dead, "one dead letter").await;
+    }
+
+    pub async fn a_job_requeued_past_the_delivery_limit_is_dead_lettered(b: &dyn Broker) {
+        let mut jobs = b.subscribe(QueueName::Jobs, 8);
+        let mut dead = b.subscribe(QueueName::DeadJobs, 8);
+        b.publish(QueueName::Jobs, b"flaky", "flaky").await.unwrap();
+        let mut counts = Vec::new();
+        for _ in 0..=DELIVERY_LIMIT {
+            let m = next(&mut jobs, "delivery within the limit").await;
+            counts.push(m.delivery_count);
+            m.requeue().await.unwrap();
+        }
+        assert_eq!(
+            counts,
+            (0..=DELIVERY_LIMIT).collect::<Vec<_>>(),
+            "delivered once and requeued up to the limit"
+        );
+        let d = next(&mut dead, "dead letter past the limit").await;
+        assert_eq!(d.body, b"flaky");
+        d.ack().await.unwrap();
+        nothing(&mut jobs, "past the limit").await;
+    }
+
+    pub async fn publish_many_delivers_all_in_order(b: &dyn Broker) {
+        let mut jobs = b.subscribe(QueueName::Jobs, 16);
+        let batch: Vec<(Vec<u8>, String)> = (0..6)
+            .map(|i| (format!("b{i}").into_bytes(), format!("id{i}")))
+            .collect();
+        b.publish_many(QueueName::Jobs, &batch).await.unwrap();
+        b.publish_many(QueueName::Jobs, &[]).await.unwrap();
+        for (body, _) in &batch {
+            let m = next(&mut jobs, "batch member").await;
+            assert_eq!(&m.body, body, "in publish order");
+            assert_eq!(m.delivery_count, 0);
+            m.ack().await.unwrap();
+        }
+        nothing(&mut jobs, "after the batch").await;
+    }
+
+    pub async fn queues_are_separate(b: &dyn Broker) {
+        let mut jobs = b.subscribe(QueueName::Jobs, 8);
+        let mut results = b.subscribe(QueueName::Results, 8);
+        b.publish(QueueName::Results, b"r", "r").await.unwrap();
+        let m = next(&mut results, "result").await;
+        assert_eq!(m.body, b"r");
+        m.ack().await.unwrap();
+        nothing(&mut jobs, "a result is not a job").await;
+        // A rejected result is dropped (only jobs have a dead-letter queue), not an error.
+        b.publish(QueueName::Results, b"bad", "bad").await.unwrap();
+        let m = next(&mut results, "second result").await;
+        m.reject().await.unwrap();
+        nothing(&mut results, "a rejected result").await;
+    }
+
+    /// Control messages reach every listener that listens when they are sent (best effort:
+    /// a listener still binding misses them, so the case sends until both heard one).
+    pub async fn broadcast_reaches_every_listener(b: &dyn Broker) {
+        let mut l1 = b.listen();
+        let mut l2 = b.listen();
+        let (mut got1, mut got2) = (None, None);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while got1.is_none() || got2.is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a listener heard nothing within {WAIT:?}"
+            );
+            b.broadcast(b"stop:j1").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            while let Ok(m) = l1.try_recv() {
+                got1 = Some(m);
+            }
+            while let Ok(m) = l2.try_recv() {
+                got2 = Some(m);
+            }
+        }
+        assert_eq!(got1.as_deref(), Some(&b"stop:j1"[..]));
+        assert_eq!(got2.as_deref(), Some(&b"stop:j1"[..]));
+    }
 }

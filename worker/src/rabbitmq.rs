@@ -2,7 +2,7 @@
 //! persistent messages, publisher confirms, manual acks. It owns its reconnect-and-redeclare loop
 //! rather than relying on lapin's (seen never to recover after a broker restart).
 
-use crate::queue::{Acker, Broker, Incoming, QueueName};
+use crate::queue::{Acker, Broker, Incoming, QueueName, DELIVERY_LIMIT};
 use async_trait::async_trait;
 use futures::StreamExt;
 use lapin::options::{
@@ -18,9 +18,6 @@ use tracing::{info, warn};
 
 /// Longest wait for the broker's confirms of one publish.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Deliveries of one job before RabbitMQ dead-letters it (a worker killed mid-job counts).
-pub const DELIVERY_LIMIT: i64 = 5;
 
 /// First pause before a reconnect; it doubles per failed attempt up to [`RECONNECT_CAP`].
 const RECONNECT_BASE: Duration = Duration::from_millis(200);
@@ -104,6 +101,36 @@ impl Outage {
     }
 }
 
+/// Settles a delivery on the channel it came from (RabbitMQ holds the message itself).
+struct AmqpAcker(lapin::acker::Acker);
+
+#[async_trait]
+impl Acker for AmqpAcker {
+    async fn ack(self: Box<Self>) -> Result<(), PortError> {
+        self.0
+            .ack(lapin::options::BasicAckOptions::default())
+            .await
+            .map_err(conn_err)
+    }
+
+    async fn requeue(self: Box<Self>, _body: Vec<u8>, _count: u32) -> Result<(), PortError> {
+        self.0
+            .nack(lapin::options::BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            })
+            .await
+            .map_err(conn_err)
+    }
+
+    async fn reject(self: Box<Self>, _body: Vec<u8>, _count: u32) -> Result<(), PortError> {
+        self.0
+            .reject(lapin::options::BasicRejectOptions { requeue: false })
+            .await
+            .map_err(conn_err)
+    }
+}
+
 pub struct RabbitBroker {
     uri: String,
     namespace: String,
@@ -143,7 +170,7 @@ async fn declare(channel: &Channel, ns: &str) -> Result<(), PortError> {
     );
     jobs_args.insert(
         "x-delivery-limit".into(),
-        AMQPValue::LongLongInt(DELIVERY_LIMIT),
+        AMQPValue::LongLongInt(i64::from(DELIVERY_LIMIT)),
     );
     jobs_args.insert(
         "x-dead-letter-exchange".into(),
@@ -455,7 +482,7 @@ async fn consume_once(
         let incoming = Incoming {
             body: delivery.data,
             delivery_count,
-            acker: Acker::Amqp(delivery.acker),
+            acker: Box::new(AmqpAcker(delivery.acker)),
         };
         if tx.send(incoming).await.is_err() {
             let _ = conn.close(200, "shutting down").await;

@@ -4,103 +4,40 @@
 use crate::submit::SubmitRequest;
 use anyhow::{bail, Context};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Value};
 use shared::engine::RunStatus;
-use shared::messages::Usage;
-use std::collections::BTreeMap;
 
-/// `POST /v1/runs`.
-#[derive(Clone, Debug, Deserialize)]
-pub struct Submitted {
-    pub run_id: String,
-    /// False when the same inputs were submitted before: the existing run is returned.
-    pub created: bool,
+pub use shared::http::{
+    CancelAnswer, Decided, LogEntry, RunListing, RunOutcome, RunSummary, Submitted,
+};
+
+/// Bodies that carry the API version they speak.
+pub trait Versioned {
+    fn version(&self) -> Option<u32>;
 }
 
-/// `GET /v1/runs/:id/summary`: the status without the job list.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct RunSummary {
-    pub run_id: String,
-    pub status: RunStatus,
-    #[serde(default)]
-    pub awaiting_approval: Vec<String>,
-    #[serde(default)]
-    pub visits: BTreeMap<String, u64>,
-    #[serde(default)]
-    pub usage: Usage,
-    #[serde(default)]
-    pub jobs_total: u64,
-    #[serde(default)]
-    pub jobs_pending: u64,
+macro_rules! versioned {
+    ($($t:ty),*) => {$(
+        impl Versioned for $t {
+            fn version(&self) -> Option<u32> {
+                Some(self.v)
+            }
+        }
+    )*};
 }
+versioned!(Submitted, RunSummary, RunOutcome, CancelAnswer, Decided);
 
-/// `GET /v1/runs/:id/result` (a finished run).
-#[derive(Clone, Debug, Deserialize)]
-pub struct RunOutcome {
-    pub status: RunStatus,
-    #[serde(default)]
-    pub result: Value,
-    #[serde(default)]
-    pub usage: Usage,
-}
-
-impl RunOutcome {
-    /// The result's verdict (`PASS`, ...), or the status in capitals.
-    pub fn verdict(&self) -> String {
-        self.result["verdict"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| status_name(self.status).to_uppercase())
-    }
-
-    pub fn ended_stage(&self) -> Option<&str> {
-        self.result["ended_stage"].as_str()
+impl<T> Versioned for Vec<T> {
+    fn version(&self) -> Option<u32> {
+        None
     }
 }
 
-/// `POST /v1/runs/:id/cancel`: the run's status after the cancel was applied (whether or not
-/// it changed anything).
-#[derive(Clone, Debug, Deserialize)]
-pub struct CancelAnswer {
-    pub status: RunStatus,
-}
-
-/// `POST /v1/runs/:id/approvals/:node`.
-#[derive(Clone, Debug, Deserialize)]
-pub struct Decided {
-    /// `decided`, or `already decided` (a second decision changes nothing).
-    pub applied: String,
-}
-
-/// One entry of `GET /v1/runs/:id/logs`: a finished job.
-#[derive(Clone, Debug, Deserialize)]
-pub struct LogEntry {
-    #[serde(default)]
-    pub node: String,
-    #[serde(default)]
-    pub visit: u32,
-    #[serde(default)]
-    pub status: Value,
-    #[serde(default)]
-    pub error: Option<String>,
-    #[serde(default)]
-    pub worker: String,
-    #[serde(default)]
-    pub finished_at: String,
-    #[serde(default)]
-    pub artifacts: BTreeMap<String, String>,
-}
-
-/// One entry of `GET /v1/runs`.
-#[derive(Clone, Debug, Deserialize)]
-pub struct RunListing {
-    pub run_id: String,
-    #[serde(default)]
-    pub graph: String,
-    pub status: RunStatus,
-    #[serde(default)]
-    pub created_at: String,
+impl Versioned for Value {
+    fn version(&self) -> Option<u32> {
+        self.get("v").and_then(Value::as_u64).map(|v| v as u32)
+    }
 }
 
 /// The wire name of a status (`running`, `succeeded`, ...).
@@ -158,22 +95,26 @@ impl Client {
         Ok(resp)
     }
 
-    async fn decode<T: DeserializeOwned>(
+    async fn decode<T: DeserializeOwned + Versioned>(
         &self,
         path: &str,
         resp: reqwest::Response,
     ) -> anyhow::Result<T> {
         let bytes = resp.bytes().await?;
-        serde_json::from_slice(&bytes)
-            .with_context(|| format!("unexpected answer from {}{path}", self.server))
+        let body: T = serde_json::from_slice(&bytes)
+            .with_context(|| format!("unexpected answer from {}{path}", self.server))?;
+        if let Some(v) = body.version() {
+            shared::http::check_version(v).map_err(|e| anyhow::anyhow!("{}{path}: {e}", self.server))?;
+        }
+        Ok(body)
     }
 
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+    pub async fn get<T: DeserializeOwned + Versioned>(&self, path: &str) -> anyhow::Result<T> {
         let resp = self.send(self.http.get(self.url(path))).await?;
         self.decode(path, resp).await
     }
 
-    pub async fn post<T: DeserializeOwned>(
+    pub async fn post<T: DeserializeOwned + Versioned>(
         &self,
         path: &str,
         body: &impl Serialize,
@@ -279,7 +220,8 @@ mod tests {
         let l: Vec<LogEntry> = serde_json::from_value(json!([{
             "job_id": "r1.se.1", "node": "se", "visit": 1, "status": "ok", "error": null,
             "worker": "w1", "started_at": "a", "finished_at": "b",
-            "artifacts": {"prompt": "runs/r1/attempt_1/se/prompt.md"}, "usage": {},
+            "artifacts": {"prompt": "runs/r1/attempt_1/se/prompt.md"},
+            "usage": {"llm_calls": 1, "input_tokens": 2, "output_tokens": 3, "cost_usd": 0.0},
         }]))
         .unwrap();
         assert_eq!(l[0].artifacts["prompt"], "runs/r1/attempt_1/se/prompt.md");

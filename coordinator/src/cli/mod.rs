@@ -147,7 +147,10 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Cancel(r) => watch::cancel(&r.server.server, &r.run_id, &mut out).await,
         Cmd::Logs(r) => {
             for e in Client::new(&r.server.server).logs(&r.run_id).await? {
-                let status = e.status.as_str().unwrap_or("");
+                let status = serde_json::to_value(e.status)?
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 let error = e.error.map(|s| format!(": {s}")).unwrap_or_default();
                 out.line(format!(
                     "{} {status:>10} {} visit {} on {}{error}",

@@ -2,6 +2,7 @@
 //! otherwise) and `fleet cancel` (which refuses a run that already finished).
 
 use super::client::{status_name, Client, RunSummary};
+use shared::http::CancelEffect;
 use super::Out;
 use anyhow::bail;
 use shared::engine::RunStatus;
@@ -113,28 +114,21 @@ pub fn nothing_to_cancel(run: &str, status: RunStatus) -> Option<String> {
 /// Cancels a run that is still going; prints `cancelled`. A run that already finished is
 /// refused with exit code 1 (its status stays what it was).
 pub async fn cancel(server: &str, run: &str, out: &mut Out) -> anyhow::Result<i32> {
-    let client = Client::new(server);
-    // The cancel endpoint answers with the run's status whether or not the cancel changed it,
-    // so the status is read first.
-    let before = client.summary(run).await?;
-    if let Some(why) = nothing_to_cancel(run, before.status) {
-        eprintln!("{why}");
+    let answer = Client::new(server).cancel(run).await?;
+    // The server says what the cancel did; a body without it (an older server) is read by
+    // its status.
+    let finished_before = match answer.applied {
+        Some(applied) => applied == CancelEffect::AlreadyFinished,
+        None => answer.status != RunStatus::Cancelled,
+    };
+    if finished_before {
+        if let Some(why) = nothing_to_cancel(run, answer.status) {
+            eprintln!("{why}");
+        }
         return Ok(1);
     }
-    let after = client.cancel(run).await?;
-    if after.status != RunStatus::Cancelled {
-        // The run finished on its own between the two requests.
-        if let Some(why) = nothing_to_cancel(run, after.status) {
-            eprintln!("{why}");
-            return Ok(1);
-        }
-    }
-    out.line(status_name(after.status))?;
-    Ok(if after.status == RunStatus::Cancelled {
-        0
-    } else {
-        1
-    })
+    out.line(status_name(answer.status))?;
+    Ok(0)
 }
 
 #[cfg(test)]
@@ -151,6 +145,11 @@ mod tests {
             usage: Usage::default(),
             jobs_total: total,
             jobs_pending: pending,
+            v: shared::http::API_VERSION,
+            graph: "g".into(),
+            created_at: String::new(),
+            updated_at: String::new(),
+            finished_at: None,
         }
     }
 

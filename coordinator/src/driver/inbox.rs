@@ -5,7 +5,7 @@
 use super::{now, Coordinator, DriverError};
 use shared::engine::Event;
 use shared::ids::RunId;
-use shared::messages::{JobEnvelope, JobResult, ResultEnvelope};
+use shared::messages::{JobEnvelope, JobResult, ResultEnvelope, WIRE_VERSION};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,6 +136,7 @@ impl Coordinator {
             QueueName::Results => {
                 let env: ResultEnvelope =
                     serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
+                check_wire_version(env.v)?;
                 if let Some(worker) = env.started {
                     let event = Event::JobStarted {
                         job_id: env.job_id,
@@ -169,6 +170,7 @@ impl Coordinator {
             QueueName::DeadJobs => {
                 let env: JobEnvelope =
                     serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
+                check_wire_version(env.v)?;
                 warn!(run = %env.run_id, job = %env.job_id, "job dead-lettered");
                 Ok((
                     env.run_id,
@@ -185,5 +187,17 @@ impl Coordinator {
                 "the coordinator does not take jobs".into(),
             )),
         }
+    }
+}
+
+/// A message of another wire version is not guessed at: it is refused as poison (dead-lettered
+/// with its reason in the log), so a mixed-version fleet fails loudly instead of misreading.
+fn check_wire_version(v: u32) -> Result<(), HandleError> {
+    if v == WIRE_VERSION {
+        Ok(())
+    } else {
+        Err(HandleError::Poison(format!(
+            "wire version {v}; this coordinator speaks {WIRE_VERSION}"
+        )))
     }
 }

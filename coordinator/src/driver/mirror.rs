@@ -92,7 +92,7 @@ impl Coordinator {
     async fn restore(&self, run: &RunId) -> Result<(), DriverError> {
         let mirror: RunState = match self.blobs.get_json(&mirror_key(run)).await {
             Ok(s) => s,
-            Err(BlobError::Store(object_store::Error::NotFound { .. })) => {
+            Err(e) if BlobError::is_not_found(&e) => {
                 return Err(DriverError::UnknownRun(run.clone()))
             }
             Err(e) => return Err(e.into()),

@@ -1,22 +1,54 @@
-//! The embedded mode's run store: the same contract as Redis, in a mutex.
+//! The embedded mode's run store: the same contract as Redis (see `conformance`), in a mutex.
+//! Outbox messages a relay claimed stay in its in-flight list until it says they are done;
+//! in-flight lists whose owner's lease lapsed go back to the outbox.
 
 use async_trait::async_trait;
 use shared::engine::RunState;
 use shared::ids::RunId;
 use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-#[derive(Default)]
+/// How long an owner's lease lasts without a heartbeat (as in Redis).
+const LEASE: Duration = Duration::from_secs(10);
+
 pub struct MemoryRunStore {
     inner: Mutex<Inner>,
+    lease: Duration,
+}
+
+impl Default for MemoryRunStore {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            lease: LEASE,
+        }
+    }
+}
+
+impl MemoryRunStore {
+    /// The same store with owners' leases lasting `lease` (the conformance suite's short one).
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("store lock")
+    }
 }
 
 #[derive(Default)]
 struct Inner {
-    runs: BTreeMap<RunId, (RunState, u64)>,
+    /// State, version and creation time (unix milliseconds) per run.
+    runs: BTreeMap<RunId, (RunState, u64, i64)>,
+    /// Run ids in creation order.
     order: Vec<RunId>,
     outbox: VecDeque<String>,
+    inflight: BTreeMap<String, VecDeque<String>>,
+    /// When each owner's lease ends.
+    leases: HashMap<String, Instant>,
     deadlines: BTreeMap<String, i64>,
     epoch: Option<String>,
 }
@@ -28,24 +60,20 @@ fn encode(m: &OutboxMessage) -> String {
 #[async_trait]
 impl RunStore for MemoryRunStore {
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError> {
-        let mut g = self.inner.lock().expect("store lock");
+        let mut g = self.lock();
         if g.runs.contains_key(&state.run_id) {
             return Ok(false);
         }
-        g.runs.insert(state.run_id.clone(), (state.clone(), 1));
+        let created = chrono::Utc::now().timestamp_millis();
+        g.runs
+            .insert(state.run_id.clone(), (state.clone(), 1, created));
         g.order.push(state.run_id.clone());
         g.outbox.extend(outbox.iter().map(encode));
         Ok(true)
     }
 
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError> {
-        Ok(self
-            .inner
-            .lock()
-            .expect("store lock")
-            .runs
-            .get(run)
-            .cloned())
+        Ok(self.lock().runs.get(run).map(|(s, v, _)| (s.clone(), *v)))
     }
 
     async fn commit(
@@ -54,9 +82,9 @@ impl RunStore for MemoryRunStore {
         version: u64,
         outbox: &[OutboxMessage],
     ) -> Result<CasOutcome, PortError> {
-        let mut g = self.inner.lock().expect("store lock");
+        let mut g = self.lock();
         match g.runs.get_mut(&state.run_id) {
-            Some((s, v)) if *v == version => {
+            Some((s, v, _)) if *v == version => {
                 *s = state.clone();
                 *v += 1;
             }
@@ -67,40 +95,79 @@ impl RunStore for MemoryRunStore {
     }
 
     async fn list(&self) -> Result<Vec<RunId>, PortError> {
-        let g = self.inner.lock().expect("store lock");
-        Ok(g.order.iter().rev().cloned().collect())
+        Ok(self.lock().order.iter().rev().cloned().collect())
     }
 
-    async fn outbox_claim(&self, _owner: &str, max: usize) -> Result<Vec<String>, PortError> {
-        let mut g = self.inner.lock().expect("store lock");
+    async fn outbox_claim(&self, owner: &str, max: usize) -> Result<Vec<String>, PortError> {
+        let mut g = self.lock();
+        g.leases
+            .insert(owner.to_string(), Instant::now() + self.lease);
         let n = max.min(g.outbox.len());
-        Ok(g.outbox.drain(..n).collect())
+        let claimed: Vec<String> = g.outbox.drain(..n).collect();
+        g.inflight
+            .entry(owner.to_string())
+            .or_default()
+            .extend(claimed.iter().cloned());
+        Ok(claimed)
     }
 
-    async fn outbox_done(&self, _owner: &str, _raws: &[String]) -> Result<(), PortError> {
+    async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError> {
+        let mut g = self.lock();
+        if let Some(list) = g.inflight.get_mut(owner) {
+            for raw in raws {
+                if let Some(i) = list.iter().position(|m| m == raw) {
+                    list.remove(i);
+                }
+            }
+            if list.is_empty() {
+                g.inflight.remove(owner);
+            }
+        }
         Ok(())
     }
 
-    async fn outbox_recover(&self, _owner: &str) -> Result<usize, PortError> {
-        Ok(0)
+    async fn outbox_recover(&self, owner: &str) -> Result<usize, PortError> {
+        let mut g = self.lock();
+        let now = Instant::now();
+        let lapsed: Vec<String> = g
+            .inflight
+            .keys()
+            .filter(|o| o.as_str() != owner)
+            .filter(|o| g.leases.get(o.as_str()).is_none_or(|until| *until <= now))
+            .cloned()
+            .collect();
+        let mut moved = 0;
+        for other in lapsed {
+            let list = g.inflight.remove(&other).unwrap_or_default();
+            moved += list.len();
+            g.outbox.extend(list);
+        }
+        Ok(moved)
     }
 
-    async fn outbox_reclaim_own(&self, _owner: &str) -> Result<usize, PortError> {
-        Ok(0)
+    async fn outbox_reclaim_own(&self, owner: &str) -> Result<usize, PortError> {
+        let mut g = self.lock();
+        let list = g.inflight.remove(owner).unwrap_or_default();
+        let moved = list.len();
+        g.outbox.extend(list);
+        Ok(moved)
     }
 
-    async fn heartbeat(&self, _owner: &str) -> Result<(), PortError> {
+    async fn heartbeat(&self, owner: &str) -> Result<(), PortError> {
+        self.lock()
+            .leases
+            .insert(owner.to_string(), Instant::now() + self.lease);
         Ok(())
     }
 
     async fn watch(&self, watches: &[(String, i64)]) -> Result<(), PortError> {
-        let mut g = self.inner.lock().expect("store lock");
+        let mut g = self.lock();
         g.deadlines.extend(watches.iter().cloned());
         Ok(())
     }
 
     async fn due(&self, now: i64, max: usize, lease: i64) -> Result<Vec<String>, PortError> {
-        let mut g = self.inner.lock().expect("store lock");
+        let mut g = self.lock();
         let mut due: Vec<(i64, String)> = g
             .deadlines
             .iter()
@@ -116,38 +183,56 @@ impl RunStore for MemoryRunStore {
     }
 
     async fn unwatch(&self, watch: &str) -> Result<(), PortError> {
-        self.inner
-            .lock()
-            .expect("store lock")
-            .deadlines
-            .remove(watch);
+        self.lock().deadlines.remove(watch);
         Ok(())
     }
 
-    async fn created_before(&self, _before_ms: i64, max: usize) -> Result<Vec<RunId>, PortError> {
-        // The embedded store lives as long as its process: nothing is old enough to prune.
-        let _ = max;
-        Ok(Vec::new())
+    async fn created_before(&self, before_ms: i64, max: usize) -> Result<Vec<RunId>, PortError> {
+        let g = self.lock();
+        // `order` is creation order, so the first ones found are the oldest.
+        Ok(g.order
+            .iter()
+            .filter(|r| g.runs.get(*r).is_some_and(|(_, _, at)| *at <= before_ms))
+            .take(max)
+            .cloned()
+            .collect())
     }
 
     async fn remove(&self, run: &RunId) -> Result<(), PortError> {
-        let mut g = self.inner.lock().expect("store lock");
+        let mut g = self.lock();
         g.runs.remove(run);
         g.order.retain(|r| r != run);
         Ok(())
     }
 
     async fn exists(&self, run: &RunId) -> Result<bool, PortError> {
-        Ok(self
-            .inner
-            .lock()
-            .expect("store lock")
-            .runs
-            .contains_key(run))
+        Ok(self.lock().runs.contains_key(run))
     }
 
     async fn epoch(&self, candidate: &str) -> Result<String, PortError> {
-        let mut g = self.inner.lock().expect("store lock");
+        let mut g = self.lock();
         Ok(g.epoch.get_or_insert_with(|| candidate.to_string()).clone())
     }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The run store contract (`store::conformance`) on the memory store; the same suite runs
+    //! on Redis in tests/conformance.rs.
+    use super::MemoryRunStore;
+    use crate::store::conformance::Profile;
+    use std::time::Duration;
+
+    fn profile() -> Profile {
+        Profile {
+            lease: Duration::from_millis(300),
+            list_limit: None,
+        }
+    }
+
+    fn fresh() -> MemoryRunStore {
+        MemoryRunStore::default().with_lease(profile().lease)
+    }
+
+    crate::run_store_conformance!(fresh(), profile());
 }

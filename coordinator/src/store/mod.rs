@@ -1,4 +1,7 @@
-//! Run-store adapters: Redis for the fleet, memory for the embedded mode.
+//! Run-store adapters: Redis for the fleet, memory for the embedded mode, and the contract both
+//! keep (`conformance`, compiled for tests and with the `conformance` feature).
 
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod memory;
 pub mod redis;

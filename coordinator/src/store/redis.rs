@@ -28,7 +28,7 @@ return 1
 "#;
 
 const CLAIM: &str = r#"
-redis.call('SET', KEYS[3], 1, 'EX', tonumber(ARGV[2]))
+redis.call('SET', KEYS[3], 1, 'PX', tonumber(ARGV[2]))
 local out = {}
 for i = 1, tonumber(ARGV[1]) do
   local m = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
@@ -60,8 +60,8 @@ return redis.call('GET', KEYS[1])
 /// No call to Redis waits longer than this (a blocked server is an error, not a hang).
 const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Seconds an owner's lease lasts without a heartbeat.
-const LEASE_SECONDS: u64 = 10;
+/// How long an owner's lease lasts without a heartbeat.
+const LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 
 const DONE: &str = r#"
 for i = 1, #ARGV do redis.call('LREM', KEYS[1], 1, ARGV[i]) end
@@ -71,6 +71,7 @@ return #ARGV
 pub struct RedisRunStore {
     conn: ConnectionManager,
     ns: String,
+    lease: std::time::Duration,
     create: Script,
     commit: Script,
     claim: Script,
@@ -125,6 +126,7 @@ impl RedisRunStore {
         Ok(Self {
             conn,
             ns: namespace.to_string(),
+            lease: LEASE,
             create: Script::new(CREATE),
             commit: Script::new(COMMIT),
             claim: Script::new(CLAIM),
@@ -133,6 +135,16 @@ impl RedisRunStore {
             reclaim_own: Script::new(RECLAIM_OWN),
             epoch: Script::new(EPOCH),
         })
+    }
+
+    /// The same store with owners' leases lasting `lease` (the conformance suite's short one).
+    pub fn with_lease(mut self, lease: std::time::Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    fn lease_ms(&self) -> u64 {
+        (self.lease.as_millis() as u64).max(1)
     }
 
     fn run_key(&self, run: &RunId) -> String {
@@ -236,7 +248,7 @@ impl RunStore for RedisRunStore {
             .key(self.inflight_key(owner))
             .key(self.owner_key(owner))
             .arg(max)
-            .arg(LEASE_SECONDS);
+            .arg(self.lease_ms());
         timed("outbox claim", &self.conn, |mut c| {
             let inv = &inv;
             async move { inv.invoke_async(&mut c).await }
@@ -314,10 +326,10 @@ impl RunStore for RedisRunStore {
     }
 
     async fn heartbeat(&self, owner: &str) -> Result<(), PortError> {
-        let key = self.owner_key(owner);
+        let (key, ms) = (self.owner_key(owner), self.lease_ms());
         timed("heartbeat", &self.conn, |mut c| {
             let key = key.clone();
-            async move { c.set_ex::<_, _, ()>(key, 1, LEASE_SECONDS).await }
+            async move { c.pset_ex::<_, _, ()>(key, 1, ms).await }
         })
         .await
     }

@@ -26,7 +26,7 @@ mod step;
 
 pub use events::{Applied, Assembler, Effect, Event, Transition};
 pub use state::{
-    ApprovalState, Decision, JobRecord, JobState, JoinState, Outcome, RunState, RunStatus,
+    ApprovalState, Decision, JobRecord, JobState, JoinState, NewRun, Outcome, RunState, RunStatus,
     MAX_ATTEMPTS,
 };
 

@@ -13,6 +13,15 @@ use crate::ids::{Attempt, JobId, NodeId};
 use crate::messages::{JobSpec, WorktreeSpec, WIRE_VERSION};
 use serde_json::{json, Map, Value};
 
+/// Where a job is published: its node, the visit and branch, the node it came from.
+pub(super) struct JobAt<'a> {
+    pub id: &'a NodeId,
+    pub n: &'a Node,
+    pub visit: u32,
+    pub branch: Option<u32>,
+    pub from: Option<&'a NodeId>,
+}
+
 impl Engine<'_> {
     /// Runs a job again as its next attempt, or fails the run when the attempts are used up.
     pub(super) fn reissue(&mut self, job_id: &JobId, record: JobRecord) -> Result<(), EngineError> {
@@ -39,15 +48,14 @@ impl Engine<'_> {
         );
         let n = self.node(&record.node)?.clone();
         let ctx = self.state.context_in(record.branch);
-        self.publish_attempt(
-            &record.node,
-            &n,
-            record.visit,
-            record.branch,
-            None,
-            &ctx,
-            record.attempt + 1,
-        )
+        let at = JobAt {
+            id: &record.node,
+            n: &n,
+            visit: record.visit,
+            branch: record.branch,
+            from: None,
+        };
+        self.publish_attempt(at, &ctx, record.attempt + 1)
     }
 
     pub(super) fn publish(
@@ -59,20 +67,29 @@ impl Engine<'_> {
         from: Option<&NodeId>,
         ctx: &Value,
     ) -> Result<(), EngineError> {
-        self.publish_attempt(id, n, visit, branch, from, ctx, 1)
+        let at = JobAt {
+            id,
+            n,
+            visit,
+            branch,
+            from,
+        };
+        self.publish_attempt(at, ctx, 1)
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn publish_attempt(
         &mut self,
-        id: &NodeId,
-        n: &Node,
-        visit: u32,
-        branch: Option<u32>,
-        from: Option<&NodeId>,
+        at: JobAt<'_>,
         ctx: &Value,
         attempt: Attempt,
     ) -> Result<(), EngineError> {
+        let JobAt {
+            id,
+            n,
+            visit,
+            branch,
+            from,
+        } = at;
         let err = Self::expr_err(id);
         let mut params = Map::new();
         for (name, e) in &n.with {

@@ -144,18 +144,28 @@ pub struct RunState {
     pub signatures: BTreeMap<NodeId, Vec<String>>,
 }
 
+/// What a new run starts from (everything but its graph and the time).
+pub struct NewRun {
+    pub run_id: RunId,
+    /// The key of the graph bundle in object storage.
+    pub graph_ref: String,
+    pub input: Value,
+    /// Values computed at submission by the graph's prepare hook (hashes, paths).
+    pub meta: Value,
+    pub repo: RepoSnapshot,
+    pub agent: AgentConfig,
+}
+
 impl RunState {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        run_id: RunId,
-        bundle: &GraphBundle,
-        graph_ref: String,
-        input: Value,
-        meta: Value,
-        repo: RepoSnapshot,
-        agent: AgentConfig,
-        at: &str,
-    ) -> Self {
+    pub fn new(new: NewRun, bundle: &GraphBundle, at: &str) -> Self {
+        let NewRun {
+            run_id,
+            graph_ref,
+            input,
+            meta,
+            repo,
+            agent,
+        } = new;
         Self {
             run_id,
             graph_name: bundle.graph.name.clone(),

@@ -25,6 +25,28 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tracing::debug;
 
+/// Whether another try of a failed Docker call may pass: the daemon unreachable or busy, a
+/// container that vanished, a conflict, a timeout or a rate limit may; a request Docker refuses
+/// as malformed (any other 4xx) does not.
+pub(crate) fn transient(e: &bollard::errors::Error) -> bool {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { status_code, .. } => {
+            !(400..500).contains(status_code) || matches!(status_code, 404 | 408 | 409 | 429)
+        }
+        _ => true,
+    }
+}
+
+/// Docker's errors become the sandbox port's own kind here, the only place that knows them.
+impl From<bollard::errors::Error> for SandboxError {
+    fn from(e: bollard::errors::Error) -> Self {
+        SandboxError::Engine {
+            transient: transient(&e),
+            message: e.to_string(),
+        }
+    }
+}
+
 pub const MOUNT: &str = "/work";
 pub const HARNESS_MOUNT: &str = "/fleet";
 pub const WORKER_LABEL: &str = "fleet.worker";
@@ -328,6 +350,33 @@ impl Session for DockerSession {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn docker_errors_know_whether_a_retry_can_help() {
+        use super::SandboxError;
+        let server = |status_code: u16| -> SandboxError {
+            bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                message: "x".into(),
+            }
+            .into()
+        };
+        assert!(server(500).is_transient());
+        assert!(server(503).is_transient());
+        assert!(server(404).is_transient(), "a container that vanished");
+        assert!(server(409).is_transient(), "a container that stopped");
+        assert!(server(408).is_transient());
+        assert!(server(429).is_transient());
+        assert!(!server(400).is_transient(), "a request docker refuses");
+        assert!(!server(403).is_transient());
+        let e: SandboxError = bollard::errors::Error::RequestTimeoutError.into();
+        assert!(e.is_transient(), "{e}");
+        assert!(
+            server(400).to_string().starts_with("docker: "),
+            "{}",
+            server(400)
+        );
+    }
+
     use super::{keeper_user, tmp_options};
 
     #[test]

@@ -13,8 +13,10 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum SandboxError {
-    #[error("docker: {0}")]
-    Docker(#[from] bollard::errors::Error),
+    /// The container engine failed. Its adapter maps its own errors to this and decides
+    /// whether another try may pass (see `docker::transient`).
+    #[error("docker: {message}")]
+    Engine { message: String, transient: bool },
     #[error("image `{0}` is not present (build it with scripts/build-image.sh)")]
     MissingImage(String),
     #[error("io: {0}")]
@@ -27,17 +29,13 @@ pub enum SandboxError {
 }
 
 impl SandboxError {
-    /// May pass on another try (the daemon unreachable or busy, a container that vanished, the
-    /// host's file system). A request Docker refuses as malformed (4xx but for a conflict, a
-    /// missing container, a timeout or a rate limit), a missing image and a refused user do
-    /// not.
+    /// May pass on another try (the engine unreachable or busy, a container that vanished,
+    /// the host's file system). A request the engine refuses as malformed (as its adapter
+    /// decides), a missing image and a refused user do not.
     pub fn is_transient(&self) -> bool {
         match self {
-            SandboxError::Docker(bollard::errors::Error::DockerResponseServerError {
-                status_code,
-                ..
-            }) => !(400..500).contains(status_code) || matches!(status_code, 404 | 408 | 409 | 429),
-            SandboxError::Docker(_) | SandboxError::Io(_) | SandboxError::Other(_) => true,
+            SandboxError::Engine { transient, .. } => *transient,
+            SandboxError::Io(_) | SandboxError::Other(_) => true,
             SandboxError::MissingImage(_) | SandboxError::Refused(_) => false,
         }
     }
@@ -266,18 +264,12 @@ mod tests {
 
     #[test]
     fn sandbox_errors_know_whether_a_retry_can_help() {
-        let server = |status_code: u16| {
-            SandboxError::Docker(bollard::errors::Error::DockerResponseServerError {
-                status_code,
-                message: "x".into(),
-            })
+        let engine = |transient| SandboxError::Engine {
+            message: "x".into(),
+            transient,
         };
-        assert!(server(500).is_transient());
-        assert!(server(503).is_transient());
-        assert!(server(404).is_transient(), "a container that vanished");
-        assert!(server(409).is_transient(), "a container that stopped");
-        assert!(!server(400).is_transient(), "a request docker refuses");
-        assert!(!server(403).is_transient());
+        assert!(engine(true).is_transient(), "as the adapter decided");
+        assert!(!engine(false).is_transient(), "as the adapter decided");
         assert!(!SandboxError::MissingImage("img".into()).is_transient());
         assert!(!SandboxError::Refused("root".into()).is_transient());
         assert!(SandboxError::Io(std::io::Error::other("disk")).is_transient());

@@ -47,17 +47,19 @@ fn assembler(name: &str) -> Option<Assembler> {
 fn new_run(bundle: &GraphBundle, max_attempts: u32) -> RunState {
     let input = json!({"work_order": {}, "options": {"max_attempts": max_attempts}});
     RunState::new(
-        RunId::new("r1"),
-        bundle,
-        "graph-ref".into(),
-        input,
-        json!({"repo_tree_hash_before": "t0"}),
-        RepoSnapshot {
-            url: "repo".into(),
-            base_commit: "c0".into(),
-            packs: vec!["p0".into()],
+        super::NewRun {
+            run_id: RunId::new("r1"),
+            graph_ref: "graph-ref".into(),
+            input,
+            meta: json!({"repo_tree_hash_before": "t0"}),
+            repo: RepoSnapshot {
+                url: "repo".into(),
+                base_commit: "c0".into(),
+                packs: vec!["p0".into()],
+            },
+            agent: AgentConfig::default(),
         },
-        AgentConfig::default(),
+        bundle,
         "t0",
     )
 }
