@@ -104,7 +104,8 @@ impl Client {
         let body: T = serde_json::from_slice(&bytes)
             .with_context(|| format!("unexpected answer from {}{path}", self.server))?;
         if let Some(v) = body.version() {
-            shared::http::check_version(v).map_err(|e| anyhow::anyhow!("{}{path}: {e}", self.server))?;
+            shared::http::check_version(v)
+                .map_err(|e| anyhow::anyhow!("{}{path}: {e}", self.server))?;
         }
         Ok(body)
     }

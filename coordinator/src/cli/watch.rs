@@ -2,10 +2,10 @@
 //! otherwise) and `fleet cancel` (which refuses a run that already finished).
 
 use super::client::{status_name, Client, RunSummary};
-use shared::http::CancelEffect;
 use super::Out;
 use anyhow::bail;
 use shared::engine::RunStatus;
+use shared::http::CancelEffect;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
