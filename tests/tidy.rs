@@ -363,3 +363,22 @@ let e = redis ::cmd("GET");
     assert!(is_test_file("worker/src/tests/x.rs"));
     assert!(!is_test_file("worker/src/testreport.rs"));
 }
+
+/// Rooms stay small enough to read: no source file of shared, coordinator or worker is over
+/// `MAX_LINES` (ARCHITECTURE.md's code map names the rooms).
+#[test]
+fn no_source_file_is_over_six_hundred_lines() {
+    const MAX_LINES: usize = 600;
+    let big: Vec<String> = sources()
+        .into_iter()
+        .filter_map(|(path, text)| {
+            let n = text.lines().count();
+            (n > MAX_LINES).then(|| format!("{path}: {n} lines"))
+        })
+        .collect();
+    assert!(
+        big.is_empty(),
+        "files over {MAX_LINES} lines:\n{}",
+        big.join("\n")
+    );
+}

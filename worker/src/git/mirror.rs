@@ -1,0 +1,98 @@
+//! The worker's bare mirror: packs from object storage indexed into it once each, and a fresh
+//! worktree per job checked out of it, whose git directory lives outside the mounted folder.
+
+use super::{GitError, Worktree};
+use crate::blobs::Blobs;
+use git2::{build::CheckoutBuilder, Oid, Repository};
+use shared::hashing::sha256_hex;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tokio::sync::Mutex;
+
+/// The per-worker cache: one bare mirror holding every pack the worker has seen.
+pub struct GitCache {
+    mirror: PathBuf,
+    lock: Mutex<()>,
+}
+
+impl GitCache {
+    pub fn open(root: &Path) -> Result<Self, GitError> {
+        let mirror = root.join("mirror.git");
+        if !mirror.join("objects").exists() {
+            std::fs::create_dir_all(&mirror)?;
+            Repository::init_bare(&mirror)?;
+        }
+        std::fs::create_dir_all(root.join("packs-indexed"))?;
+        Ok(Self {
+            mirror,
+            lock: Mutex::new(()),
+        })
+    }
+
+    fn marker(&self, key: &str) -> PathBuf {
+        self.mirror
+            .parent()
+            .expect("mirror has a parent")
+            .join("packs-indexed")
+            .join(sha256_hex(key.as_bytes()))
+    }
+
+    /// Downloads and indexes every pack not yet in the mirror.
+    pub async fn ensure_packs(&self, blobs: &Blobs, packs: &[String]) -> Result<(), GitError> {
+        let _guard = self.lock.lock().await;
+        for key in packs {
+            let marker = self.marker(key);
+            if marker.exists() {
+                continue;
+            }
+            let bytes = blobs.get(key).await?;
+            let mirror = self.mirror.clone();
+            tokio::task::spawn_blocking(move || index_pack(&mirror, &bytes))
+                .await
+                .map_err(|e| GitError::Io(std::io::Error::other(e)))??;
+            std::fs::write(&marker, key.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// A fresh worktree of `commit` at `dest/wt`, git directory at `dest/git` (checked out on
+    /// the blocking pool).
+    pub async fn materialize(&self, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
+        let (mirror, commit, dest) = (self.mirror.clone(), commit.to_string(), dest.to_path_buf());
+        crate::safe_fs::blocking(move || materialize_at(&mirror, &commit, &dest)).await
+    }
+}
+
+fn materialize_at(mirror: &Path, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
+    let git_dir = dest.join("git");
+    let dir = dest.join("wt");
+    std::fs::create_dir_all(&dir)?;
+    Repository::init_bare(&git_dir)?;
+    let alternates = git_dir.join("objects/info/alternates");
+    std::fs::create_dir_all(alternates.parent().expect("has parent"))?;
+    std::fs::write(
+        &alternates,
+        format!("{}\n", mirror.join("objects").display()),
+    )?;
+    let repo = Repository::open_bare(&git_dir)?;
+    repo.set_workdir(&dir, false)?;
+    let oid = Oid::from_str(commit)?;
+    let object = repo.find_commit(oid)?.into_object();
+    repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))?;
+    repo.set_head_detached(oid)?;
+    Ok(Worktree {
+        dir,
+        git_dir,
+        base: oid,
+        head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
+    })
+}
+
+fn index_pack(mirror: &Path, bytes: &[u8]) -> Result<(), GitError> {
+    let repo = Repository::open_bare(mirror)?;
+    let odb = repo.odb()?;
+    let mut writer = odb.packwriter()?;
+    writer.write_all(bytes)?;
+    writer.commit()?;
+    Ok(())
+}

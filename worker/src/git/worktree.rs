@@ -1,0 +1,238 @@
+//! A job's worktree: its base and head, commits of what the job left, cherry-picks, squash-merges
+//! and rebases of git steps, restores, patches, the files changed since a commit, and the pack
+//! of the commits on top of the base.
+
+use super::changes::delta_change;
+use super::repo::paths_on_disk;
+use super::GitError;
+use git2::{
+    build::CheckoutBuilder, IndexAddOption, ObjectType, Oid, Repository, Signature, Time,
+    TreeWalkMode, TreeWalkResult,
+};
+use shared::scope::PathChange;
+use std::path::PathBuf;
+
+/// A job's worktree. `dir` is what the container sees. Clones are handles on the same worktree
+/// (they share the head).
+#[derive(Clone)]
+pub struct Worktree {
+    pub dir: PathBuf,
+    pub(super) git_dir: PathBuf,
+    pub(super) base: Oid,
+    /// Moves when a git step adds commits on top of the base.
+    pub(super) head: std::sync::Arc<std::sync::Mutex<Oid>>,
+}
+
+/// What a cherry-pick, squash-merge or rebase did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PickOutcome {
+    Applied {
+        head: String,
+        applied: Vec<String>,
+    },
+    Conflict {
+        commit: String,
+        paths: Vec<String>,
+        applied: Vec<String>,
+    },
+}
+
+impl Worktree {
+    /// Runs `f` on this worktree on the blocking pool (libgit2 and walks of the worktree must
+    /// not hold a runtime thread); a panic in `f` continues in the caller.
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Worktree) -> T + Send + 'static,
+    ) -> T {
+        let wt = self.clone();
+        crate::safe_fs::blocking(move || f(&wt)).await
+    }
+
+    fn repo(&self) -> Result<Repository, GitError> {
+        let repo = Repository::open_bare(&self.git_dir)?;
+        repo.set_workdir(&self.dir, false)?;
+        Ok(repo)
+    }
+
+    pub fn base(&self) -> String {
+        self.base.to_string()
+    }
+
+    pub fn head(&self) -> String {
+        self.head_oid().to_string()
+    }
+
+    fn head_oid(&self) -> Oid {
+        *self.head.lock().expect("head lock")
+    }
+
+    /// Applies `commits` in order on top of the head, each as its own commit; with `squash`,
+    /// the result becomes one commit with that message on top of the original head. Conflicts
+    /// stop the step and are reported, never half-applied to the worktree.
+    pub fn cherry_pick(
+        &self,
+        commits: &[String],
+        squash: Option<&str>,
+    ) -> Result<PickOutcome, GitError> {
+        let repo = self.repo()?;
+        let start = repo.find_commit(self.head_oid())?;
+        let mut head = start.clone();
+        let sig = Signature::new("fleet", "fleet@localhost", &Time::new(0, 0))?;
+        let mut applied = Vec::new();
+        for c in commits {
+            let pick = repo.find_commit(Oid::from_str(c)?)?;
+            let mut index = repo.cherrypick_commit(&pick, &head, 0, None)?;
+            if index.has_conflicts() {
+                let mut paths: Vec<String> = index
+                    .conflicts()?
+                    .filter_map(Result::ok)
+                    .filter_map(|c| c.our.or(c.their).or(c.ancestor))
+                    .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+                    .collect();
+                paths.sort();
+                paths.dedup();
+                return Ok(PickOutcome::Conflict {
+                    commit: c.clone(),
+                    paths,
+                    applied,
+                });
+            }
+            let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
+            let message = pick.message().unwrap_or("cherry-pick").to_string();
+            let oid = repo.commit(None, &sig, &sig, &message, &tree, &[&head])?;
+            head = repo.find_commit(oid)?;
+            applied.push(c.clone());
+        }
+        if let Some(message) = squash {
+            let tree = head.tree()?;
+            let oid = repo.commit(None, &sig, &sig, message, &tree, &[&start])?;
+            head = repo.find_commit(oid)?;
+        }
+        repo.checkout_tree(head.as_object(), Some(CheckoutBuilder::new().force()))?;
+        repo.set_head_detached(head.id())?;
+        *self.head.lock().expect("head lock") = head.id();
+        Ok(PickOutcome::Applied {
+            head: head.id().to_string(),
+            applied,
+        })
+    }
+
+    /// Paths added or modified in the working directory since `since` (default: the job's
+    /// base), with their contents.
+    pub fn changed_files(
+        &self,
+        since: Option<&str>,
+    ) -> Result<std::collections::BTreeMap<String, String>, GitError> {
+        let repo = self.repo()?;
+        let since = match since {
+            Some(c) => Oid::from_str(c)?,
+            None => self.base,
+        };
+        let base_tree = repo.find_commit(since)?.tree()?;
+        let mut opts = git2::DiffOptions::new();
+        opts.include_untracked(true).recurse_untracked_dirs(true);
+        let diff = repo.diff_tree_to_workdir(Some(&base_tree), Some(&mut opts))?;
+        let mut out = std::collections::BTreeMap::new();
+        for delta in diff.deltas() {
+            if delta.status() == git2::Delta::Deleted {
+                continue;
+            }
+            if let Some(p) = delta.new_file().path() {
+                let rel = p.to_string_lossy().replace('\\', "/");
+                // Regular files only, never through a link, at most 1 MiB each.
+                if let Ok(text) = crate::safe_fs::read_text_within(&self.dir, &rel, 1 << 20) {
+                    out.insert(rel, text);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The changes from commit `from` to commit `to`, as git computes them (renames found, both
+    /// sides kept, file modes), for write scopes.
+    pub fn changes(&self, from: &str, to: &str) -> Result<Vec<PathChange>, GitError> {
+        let repo = self.repo()?;
+        let a = repo.find_commit(Oid::from_str(from)?)?.tree()?;
+        let b = repo.find_commit(Oid::from_str(to)?)?.tree()?;
+        let mut opts = git2::DiffOptions::new();
+        opts.include_typechange(true).ignore_submodules(false);
+        let mut diff = repo.diff_tree_to_tree(Some(&a), Some(&b), Some(&mut opts))?;
+        let mut find = git2::DiffFindOptions::new();
+        find.renames(true).copies(true).for_untracked(true);
+        diff.find_similar(Some(&mut find))?;
+        Ok(diff.deltas().map(|d| delta_change(&d)).collect())
+    }
+
+    /// Lays down, from `commit`, every regular file whose path `covers` accepts (replacing what
+    /// is on disk, never following a link), and removes files it accepts that `commit` lacks.
+    /// The frozen tests of a run, restored before the harness runs them. Returns the paths laid.
+    pub fn restore_paths(
+        &self,
+        commit: &str,
+        covers: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<String>, GitError> {
+        let repo = self.repo()?;
+        let tree = repo.find_commit(Oid::from_str(commit)?)?.tree()?;
+        let mut wanted: Vec<(String, Oid)> = Vec::new();
+        tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+            let path = format!("{dir}{}", entry.name().unwrap_or_default());
+            let regular = matches!(entry.filemode(), 0o100644 | 0o100755);
+            if entry.kind() == Some(ObjectType::Blob) && regular && covers(&path) {
+                wanted.push((path, entry.id()));
+            }
+            TreeWalkResult::Ok
+        })?;
+        for existing in paths_on_disk(&self.dir)? {
+            if covers(&existing) && !wanted.iter().any(|(p, _)| *p == existing) {
+                crate::safe_fs::remove_beneath(&self.dir, &existing)?;
+            }
+        }
+        for (path, oid) in &wanted {
+            let blob = repo.find_blob(*oid)?;
+            crate::safe_fs::write_beneath(&self.dir, path, blob.content())?;
+        }
+        Ok(wanted.into_iter().map(|(p, _)| p).collect())
+    }
+
+    /// Applies a unified diff to the working directory (`git apply` semantics, no unsafe paths).
+    pub fn apply_patch(&self, diff: &str) -> Result<(), GitError> {
+        let repo = self.repo()?;
+        let parsed = git2::Diff::from_buffer(diff.as_bytes())
+            .map_err(|e| GitError::Apply(e.message().to_string()))?;
+        repo.apply(&parsed, git2::ApplyLocation::WorkDir, None)
+            .map_err(|e| GitError::Apply(e.message().to_string()))
+    }
+
+    /// Commits every change of the working directory on top of the base. Deterministic: a fixed
+    /// author and time, so the same change gives the same commit id. `None` when nothing changed.
+    pub fn commit_all(&self, message: &str) -> Result<Option<String>, GitError> {
+        let repo = self.repo()?;
+        let mut index = repo.index()?;
+        index.add_all(["*"], IndexAddOption::DEFAULT, None)?;
+        index.update_all(["*"], None)?;
+        index.write()?;
+        let tree_id = index.write_tree()?;
+        let parent = repo.find_commit(self.head_oid())?;
+        if parent.tree_id() == tree_id {
+            return Ok(None);
+        }
+        let tree = repo.find_tree(tree_id)?;
+        let sig = Signature::new("fleet", "fleet@localhost", &Time::new(0, 0))?;
+        let oid = repo.commit(None, &sig, &sig, message, &tree, &[&parent])?;
+        *self.head.lock().expect("head lock") = oid;
+        Ok(Some(oid.to_string()))
+    }
+
+    /// A packfile of the objects `commit` adds over the base.
+    pub fn pack_since_base(&self, commit: &str) -> Result<Vec<u8>, GitError> {
+        let repo = self.repo()?;
+        let mut walk = repo.revwalk()?;
+        walk.push(Oid::from_str(commit)?)?;
+        walk.hide(self.base)?;
+        let mut pb = repo.packbuilder()?;
+        pb.insert_walk(&mut walk)?;
+        let mut buf = git2::Buf::new();
+        pb.write_buf(&mut buf)?;
+        Ok(buf.to_vec())
+    }
+}

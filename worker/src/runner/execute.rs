@@ -1,0 +1,291 @@
+//! The execution proper: the worktree materialised and handed to the container's user, the
+//! container started (the `worker.before_container` and `worker.mid_run` fault points), the step
+//! run under its timeout, the stop token and the job folder's disk quota, the container removed,
+//! then the commit handed on (`commit.rs`).
+
+use super::{RunError, Runner};
+use crate::harness::{Artifacts, StepOutcome};
+use crate::sandbox::disk;
+use crate::sandbox::{SandboxError, SandboxSpec, Session};
+use serde_json::{json, Value};
+use shared::graph::{NodeKind, WorktreeMode};
+use shared::messages::{JobSpec, JobStatus, Usage};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::execution::Execution;
+
+/// What an execution produced: the step's outcome and usage, the commit and pack it hands on
+/// (none unless the step passed and its node commits), and how long its container ran.
+pub(super) struct Executed {
+    pub(super) step: StepOutcome,
+    pub(super) usage: Usage,
+    pub(super) commit: Option<String>,
+    pub(super) pack: Option<String>,
+    pub(super) container_seconds: f64,
+}
+
+impl Executed {
+    /// An outcome that hands no commit on.
+    pub(super) fn uncommitted(step: StepOutcome, usage: Usage, container_seconds: f64) -> Self {
+        Self {
+            step,
+            usage,
+            commit: None,
+            pack: None,
+            container_seconds,
+        }
+    }
+}
+
+impl Runner {
+    pub(super) async fn execute(
+        &self,
+        spec: &JobSpec,
+        exec: &Execution,
+        stop: &CancellationToken,
+        art: &mut Artifacts<'_>,
+    ) -> Result<Executed, RunError> {
+        let dir = exec.dir.as_path();
+        let bundle = self.bundle(&spec.graph_ref).await?;
+        let node = bundle.graph.node(&spec.node).ok_or_else(|| {
+            RunError::Permanent(format!(
+                "node `{}` is not in the job's graph `{}`",
+                spec.node, spec.graph_ref
+            ))
+        })?;
+
+        let worktree = match &spec.worktree {
+            Some(w) => {
+                self.git.ensure_packs(&self.blobs, &w.packs).await?;
+                Some(self.git.materialize(&w.commit, dir).await?)
+            }
+            None => None,
+        };
+        let mount = match &worktree {
+            Some(wt) => wt.dir.clone(),
+            None => {
+                let empty = dir.join("wt");
+                std::fs::create_dir_all(&empty).map_err(|e| RunError::Transient(e.to_string()))?;
+                empty
+            }
+        };
+        let writable = spec
+            .worktree
+            .as_ref()
+            .is_some_and(|w| w.mode == WorktreeMode::Rw);
+        {
+            let (mount, user) = (mount.clone(), self.config.sandbox_user.clone());
+            crate::safe_fs::blocking(move || hand_over(&mount, &user)).await;
+        }
+
+        let needs_container = match spec.kind {
+            NodeKind::Agent | NodeKind::Command => true,
+            NodeKind::Harness => matches!(
+                node.op.as_deref(),
+                Some(
+                    "factory_verify"
+                        | "run_tests"
+                        | "check_skeleton"
+                        | "check_build"
+                        | "run_mutants"
+                )
+            ),
+            _ => false,
+        };
+        let timeout = Duration::from_secs(spec.timeout_seconds);
+        let container_started = Instant::now();
+        let session: Option<Box<dyn Session>> = if needs_container {
+            let image = spec
+                .image
+                .clone()
+                .ok_or_else(|| RunError::Permanent(format!("node `{}` has no image", spec.node)))?;
+            let sandbox_spec = SandboxSpec {
+                name: exec.container.clone(),
+                image,
+                worktree: mount.clone(),
+                writable,
+                harness_dir: (spec.kind == NodeKind::Harness)
+                    .then(|| harness_folder(dir, &self.config.sandbox_user))
+                    .transpose()
+                    .map_err(|e| RunError::Transient(e.to_string()))?,
+                network: false,
+                lifetime: timeout + Duration::from_secs(60),
+                labels: vec![
+                    (
+                        crate::sandbox::docker::WORKER_LABEL.into(),
+                        self.config.id.clone(),
+                    ),
+                    ("fleet.job".into(), spec.job_id.to_string()),
+                    ("fleet.run".into(), spec.run_id.to_string()),
+                ],
+            };
+            crate::faults::point("worker.before_container").await;
+            match self.sandbox.start(&sandbox_spec).await {
+                Ok(s) => {
+                    crate::faults::point("worker.mid_run").await;
+                    Some(s)
+                }
+                Err(SandboxError::MissingImage(image)) => {
+                    let step = StepOutcome {
+                        status: JobStatus::Error,
+                        output: Value::Null,
+                        error: Some(format!(
+                            "image `{image}` is not present on worker `{}`",
+                            self.config.id
+                        )),
+                    };
+                    return Ok(Executed::uncommitted(step, Usage::default(), 0.0));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            None
+        };
+
+        let work = self.step(
+            dir,
+            spec,
+            &bundle,
+            worktree.as_ref(),
+            session.as_deref(),
+            art,
+        );
+        // The job folder's quota is watched while the step runs: the container writes the
+        // worktree (and the harness folder) through bind mounts its own limits do not bound.
+        let quota = self.resources.disk_quota;
+        let watch = async {
+            match quota {
+                Some(q) => disk::watch(dir, q).await,
+                None => std::future::pending().await,
+            }
+        };
+        let stepped = tokio::select! {
+            r = tokio::time::timeout(timeout, work) => Ended::Step(r),
+            _ = stop.cancelled() => Ended::Stopped,
+            over = watch => Ended::OverQuota(over),
+        };
+        if let Some(s) = &session {
+            if let Err(e) = s.remove().await {
+                warn!(job = %spec.job_id, error = %e, "could not remove the container");
+            }
+        }
+        let container_seconds = if session.is_some() {
+            container_started.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
+        // A writer quicker than the watch (between two walks) is caught here, once nothing
+        // writes any more.
+        let stepped = match (stepped, quota) {
+            (Ended::Step(r), Some(q)) => match disk::over(disk::measure(dir).await, q) {
+                Some(over) => Ended::OverQuota(over),
+                None => Ended::Step(r),
+            },
+            (other, _) => other,
+        };
+        let (step, usage) = match stepped {
+            Ended::Stopped => {
+                info!(job = %spec.job_id, "job stopped: its run no longer needs it");
+                (
+                    StepOutcome {
+                        status: JobStatus::Error,
+                        output: Value::Null,
+                        error: Some("stopped: the run ended".into()),
+                    },
+                    Usage::default(),
+                )
+            }
+            Ended::OverQuota(over) => {
+                // Measured again with the writer gone: how far past the quota it got.
+                let settled = disk::measure(dir).await;
+                warn!(job = %spec.job_id, used_bytes = over.used_bytes, limit_bytes = over.limit_bytes, after_kill_bytes = settled.bytes, "the job folder went over its disk quota; the job is ended");
+                self.metrics.disk_quota_exceeded();
+                return Ok(Executed::uncommitted(
+                    quota_exceeded(over, settled),
+                    Usage::default(),
+                    container_seconds,
+                ));
+            }
+            Ended::Step(Ok(r)) => r?,
+            Ended::Step(Err(_)) => (
+                StepOutcome {
+                    status: JobStatus::TimedOut,
+                    output: Value::Null,
+                    error: Some(format!(
+                        "the job ran past its {}s timeout",
+                        spec.timeout_seconds
+                    )),
+                },
+                Usage::default(),
+            ),
+        };
+
+        match (&worktree, &spec.worktree) {
+            (Some(wt), Some(w)) if w.commit_out && step.status == JobStatus::Ok => {
+                self.commit_out(spec, wt, step, usage, container_seconds, art)
+                    .await
+            }
+            _ => Ok(Executed::uncommitted(step, usage, container_seconds)),
+        }
+    }
+}
+
+/// How the step ended.
+enum Ended {
+    Step(Result<Result<(StepOutcome, Usage), RunError>, tokio::time::error::Elapsed>),
+    /// The coordinator stopped the job (its run ended).
+    Stopped,
+    /// The job folder went over its disk quota.
+    OverQuota(disk::Exceeded),
+}
+
+/// The outcome of a job whose folder went over its quota: a failure of the job's own doing
+/// (like a scope violation), with both sizes; `settled` is the folder once the writer was gone.
+pub(super) fn quota_exceeded(over: disk::Exceeded, settled: disk::DiskUsage) -> StepOutcome {
+    StepOutcome {
+        status: JobStatus::Failed,
+        output: json!({"disk_quota_exceeded": {
+            "used_bytes": over.used_bytes,
+            "limit_bytes": over.limit_bytes,
+            "after_kill_bytes": settled.bytes,
+        }}),
+        error: Some(over.message()),
+    }
+}
+
+/// The job's harness folder (`/fleet` in its container): owned by the worker, so the job cannot
+/// replace the configuration or canary the harness lays there; only `out/`, where the runner
+/// writes its report, belongs to the container's user.
+fn harness_folder(dir: &Path, user: &str) -> std::io::Result<PathBuf> {
+    let h = dir.join("harness");
+    std::fs::create_dir_all(h.join("out"))?;
+    std::fs::create_dir_all(h.join("canary"))?;
+    hand_over(&h.join("out"), user);
+    Ok(h)
+}
+
+/// Gives the worktree to the container's user (the worker may run as root; containers never do).
+fn hand_over(dir: &Path, user: &str) {
+    let Some((uid, gid)) = user.split_once(':') else {
+        return;
+    };
+    let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) else {
+        return;
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let _ = std::os::unix::fs::lchown(&p, Some(uid), Some(gid));
+        if let Ok(entries) = std::fs::read_dir(&p) {
+            for e in entries.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    stack.push(e.path());
+                } else {
+                    let _ = std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Runs one job: worktree in, container up, the node's step, commit and pack out, container
+//! gone, job folder gone. A failure that stops the job before it has a result is a `RunError`,
+//! classed once, where it is made: `Transient` when another try may pass (store or docker
+//! unreachable; the job is requeued), `Permanent` when it cannot (a node not in the graph, a bad
+//! git object, a malformed bundle; the consumer reports it as an `Error` result at once).
+//! Everything else becomes a `JobResult` (the engine decides what it means).
+//!
+//! Resources beyond the container's own limits: the job folder has a disk quota, watched while
+//! the job runs (`sandbox::disk`; over it, the container is removed and the job fails with
+//! `disk_quota_exceeded`); job folders left by an earlier process of this worker are removed at
+//! start, and folders older than a day that no execution owns periodically. libgit2 and walks of
+//! the worktree run on the blocking pool.
+//!
+//! Each run is an *execution* with a tag of its own (`e<N>-<process nonce>`): its job folder and
+//! container name carry the tag, so two executions of the same attempt (a redelivery that took
+//! another path) can never share either. A panic in the job is caught here: the container is
+//! removed by name, the folder by its drop guard, and the job becomes an `Error` result.
+//!
+//! Here: `Runner`, `run`/`run_as` (the supervision: folder, stop registry, panic) and the result
+//! of an attempt. `execution.rs`: execution names, the job folder and registry guards, stops;
+//! `execute.rs`: worktree, container, the step under its timeout, stop and quota; `step.rs`: the
+//! node's step by kind; `commit.rs`: commit, write scope and pack out; `cleanup.rs`: sweeps of
+//! the jobs folder; `resources.rs`: quota and folder age from the environment; `results.rs`:
+//! results the runner makes itself; `error.rs`: `RunError` and `StartError`.
+
+mod cleanup;
+mod commit;
+mod error;
+mod execute;
+mod execution;
+mod resources;
+mod results;
+mod step;
+#[cfg(test)]
+mod tests;
+
+pub use error::{RunError, StartError};
+pub use execution::Execution;
+pub use resources::{JobResources, DEFAULT_JOB_DIR_MAX_AGE_SECONDS, DEFAULT_JOB_DISK_MB};
+pub use results::{error_result, panic_message, panicked_result, permanent_result};
+
+use crate::agent::LlmSettings;
+use crate::blobs::Blobs;
+use crate::git::GitCache;
+use crate::harness::Artifacts;
+use crate::metrics::Metrics;
+use crate::sandbox::{Limits, Sandbox};
+use execute::Executed;
+use execution::{process_nonce, unpoisoned, JobFolder, Registered, StopRegistry};
+use futures::FutureExt;
+use results::{now, without_host_paths};
+use shared::graph::GraphBundle;
+use shared::messages::{JobResult, JobSpec, WIRE_VERSION};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub id: String,
+    pub work_dir: PathBuf,
+    pub concurrency: usize,
+    /// `uid:gid` the containers run as (never root).
+    pub sandbox_user: String,
+    pub llm: LlmSettings,
+    pub limits: Limits,
+}
+
+pub struct Runner {
+    pub config: WorkerConfig,
+    pub blobs: Blobs,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub metrics: Metrics,
+    /// Disk quota and job-folder age (`JobResources::from_env` by default).
+    pub resources: JobResources,
+    git: GitCache,
+    http: reqwest::Client,
+    graphs: Mutex<HashMap<String, Arc<GraphBundle>>>,
+    /// Executions running here (by tag), so a stop from the coordinator reaches every
+    /// execution of the job.
+    running: StopRegistry,
+    /// Executions started by this process; with `nonce`, the execution tags.
+    executions: AtomicU64,
+    /// Random per process: tags stay unique across restarts of a worker with the same id.
+    nonce: String,
+}
+
+impl Runner {
+    /// Refuses a root sandbox user and bad resource settings (`JobResources::from_env`) before
+    /// anything else.
+    pub fn new(
+        config: WorkerConfig,
+        blobs: Blobs,
+        sandbox: Arc<dyn Sandbox>,
+        metrics: Metrics,
+    ) -> Result<Self, StartError> {
+        crate::sandbox::check_user(&config.sandbox_user).map_err(StartError::Config)?;
+        let resources = JobResources::from_env()?;
+        std::fs::create_dir_all(config.work_dir.join("jobs"))?;
+        let git = GitCache::open(&config.work_dir.join("git"))?;
+        let mut config = config;
+        // A worker that is not root cannot give worktrees away: its containers run as itself
+        // (never as root, since the worker is not).
+        {
+            use std::os::unix::fs::MetadataExt;
+            let me = std::fs::metadata(config.work_dir.join("jobs"))?;
+            if me.uid() != 0 {
+                config.sandbox_user = format!("{}:{}", me.uid(), me.gid());
+            }
+        }
+        Ok(Self {
+            config,
+            blobs,
+            sandbox,
+            metrics,
+            resources,
+            git,
+            http: reqwest::Client::new(),
+            graphs: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            executions: AtomicU64::new(0),
+            nonce: process_nonce(),
+        })
+    }
+
+    /// Replaces the job resources read from the environment (tests, embedders).
+    pub fn with_resources(mut self, resources: JobResources) -> Self {
+        self.resources = resources;
+        self
+    }
+
+    async fn bundle(&self, key: &str) -> Result<Arc<GraphBundle>, RunError> {
+        if let Some(b) = self.graphs.lock().expect("graph cache lock").get(key) {
+            return Ok(b.clone());
+        }
+        let bundle: GraphBundle = self.blobs.get_json(key).await?;
+        let bundle = Arc::new(bundle);
+        self.graphs
+            .lock()
+            .expect("graph cache lock")
+            .insert(key.to_string(), bundle.clone());
+        Ok(bundle)
+    }
+
+    /// Runs the job and always cleans up its folder and container. A panic in the job is caught:
+    /// logged, cleaned up, and returned as an `Error` result of this attempt.
+    pub async fn run(&self, spec: &JobSpec) -> Result<JobResult, RunError> {
+        self.run_as(spec, &self.execution(spec)).await
+    }
+
+    /// `run` with the execution's names chosen by the caller.
+    pub async fn run_as(&self, spec: &JobSpec, exec: &Execution) -> Result<JobResult, RunError> {
+        let started_at = now();
+        let started = Instant::now();
+        let folder = JobFolder::create(&exec.dir, spec.job_id.as_str())
+            .map_err(|e| RunError::Transient(format!("job folder {}: {e}", exec.dir.display())))?;
+        // Known as running from the start, so a stop that comes while it sets up still counts.
+        let stop = CancellationToken::new();
+        unpoisoned(&self.running).insert(exec.tag.clone(), (spec.job_id.clone(), stop.clone()));
+        let registered = Registered {
+            running: &self.running,
+            tag: exec.tag.clone(),
+        };
+        let supervised = AssertUnwindSafe(self.attempt(spec, exec, &stop, started_at.clone()))
+            .catch_unwind()
+            .await;
+        drop(registered);
+        match supervised {
+            Ok(Ok(result)) => {
+                folder.remove().await;
+                self.metrics.observe_job(
+                    spec.kind,
+                    result.status,
+                    started.elapsed(),
+                    &result.usage,
+                );
+                info!(job = %spec.job_id, attempt = spec.attempt, execution = %exec.tag, status = ?result.status, seconds = started.elapsed().as_secs_f64(), "job finished");
+                Ok(result)
+            }
+            Ok(Err(e)) => {
+                folder.remove().await;
+                Err(e)
+            }
+            Err(payload) => {
+                let message = panic_message(payload.as_ref());
+                error!(job = %spec.job_id, attempt = spec.attempt, execution = %exec.tag, panic = %message, "the job panicked; removing its container and folder and reporting it as an error");
+                // The session went down with the job's future: remove its container by name.
+                if let Err(e) = self.sandbox.remove_named(&exec.container).await {
+                    warn!(job = %spec.job_id, container = %exec.container, error = %e, "could not remove the container of a panicked job");
+                }
+                folder.remove().await;
+                let result = panicked_result(spec, &self.config.id, started_at, &message);
+                self.metrics.job_panicked();
+                self.metrics.observe_job(
+                    spec.kind,
+                    result.status,
+                    started.elapsed(),
+                    &result.usage,
+                );
+                Ok(result)
+            }
+        }
+    }
+
+    /// The execution proper: step, commit, the result.
+    async fn attempt(
+        &self,
+        spec: &JobSpec,
+        exec: &Execution,
+        stop: &CancellationToken,
+        started_at: String,
+    ) -> Result<JobResult, RunError> {
+        let mut art = Artifacts {
+            blobs: &self.blobs,
+            prefix: &spec.artifact_prefix,
+            written: Default::default(),
+        };
+        let Executed {
+            step,
+            usage,
+            commit,
+            pack,
+            container_seconds,
+        } = self.execute(spec, exec, stop, &mut art).await?;
+        Ok(JobResult {
+            v: WIRE_VERSION,
+            job_id: spec.job_id.clone(),
+            run_id: spec.run_id.clone(),
+            attempt: spec.attempt,
+            status: step.status,
+            // What a job reports may reach a later agent's prompt: no host path of this worker.
+            output: without_host_paths(step.output),
+            error: step.error.map(|e| shared::factory::strip_host_paths(&e)),
+            commit,
+            pack,
+            artifacts: art.written,
+            usage,
+            worker: self.config.id.clone(),
+            started_at,
+            finished_at: now(),
+            container_seconds,
+        })
+    }
+}

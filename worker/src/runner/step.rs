@@ -1,0 +1,319 @@
+//! The node's step, by kind: an agent (prompt with its context files, the built-in loop, claims
+//! checked against disk), commands, a harness op (patch, verification, tests, build, mutants,
+//! skeleton) or a git step. What it returns is the job's outcome and usage.
+
+use super::{RunError, Runner};
+use crate::agent::{self, AgentJob};
+use crate::git::Worktree;
+use crate::harness::{self, Artifacts, StepOutcome};
+use crate::sandbox::Session;
+use crate::tools::ToolBox;
+use crate::{mutation, verify};
+use serde_json::{json, Value};
+use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
+use shared::graph::{GraphBundle, NodeKind};
+use shared::messages::{JobSpec, JobStatus, Usage};
+use shared::paths::normalize_relative;
+use std::path::Path;
+use std::time::Duration;
+
+impl Runner {
+    pub(super) async fn step(
+        &self,
+        dir: &Path,
+        spec: &JobSpec,
+        bundle: &GraphBundle,
+        wt: Option<&Worktree>,
+        session: Option<&dyn Session>,
+        art: &mut Artifacts<'_>,
+    ) -> Result<(StepOutcome, Usage), RunError> {
+        let node = bundle.graph.node(&spec.node).expect("checked by execute");
+        let timeout = Duration::from_secs(spec.timeout_seconds);
+        let harness_dir = dir.join("harness");
+        let seed = format!("{}:{}", spec.job_id, spec.attempt);
+        let no_worktree = || RunError::Permanent(format!("node `{}` needs a worktree", spec.node));
+        match spec.kind {
+            NodeKind::Agent => {
+                let session = session.expect("agents run in a container");
+                let template_path = node.template.as_deref().unwrap_or_default();
+                let schema_path = node.output_schema.as_deref().unwrap_or_default();
+                let schema: Value = serde_json::from_str(bundle.file(schema_path).unwrap_or("{}"))
+                    .map_err(|e| {
+                        RunError::Permanent(format!(
+                            "the output schema `{schema_path}` is not json: {e}"
+                        ))
+                    })?;
+                let mut ctx = spec.vars.clone();
+                ctx["params"] = spec.params.clone();
+                ctx["context_files"] = match wt {
+                    Some(wt) => {
+                        let files = spec.context_files.clone();
+                        wt.blocking(move |wt| read_context(&wt.dir, &files)).await
+                    }
+                    None => json!([]),
+                };
+                let prompt = match shared::expr::render(
+                    template_path,
+                    bundle.file(template_path).unwrap_or_default(),
+                    &ctx,
+                ) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let step = StepOutcome {
+                            status: JobStatus::Error,
+                            output: Value::Null,
+                            error: Some(e.to_string()),
+                        };
+                        return Ok((step, Usage::default()));
+                    }
+                };
+                art.put("prompt.md", prompt.clone().into_bytes()).await?;
+                let job = AgentJob {
+                    node: spec.node.as_str(),
+                    visit: spec.visit,
+                    nudge_after: spec.nudge_after_seconds.map(Duration::from_secs),
+                    prompt,
+                    schema: &schema,
+                    tools: ToolBox {
+                        session,
+                        allowed: &node.tools,
+                        command_timeout: Duration::from_secs(120).min(timeout),
+                    },
+                };
+                let prior = match &spec.continues {
+                    Some(key) => Some(self.blobs.get_json::<Value>(key).await?),
+                    None => None,
+                };
+                let mut out =
+                    agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await;
+                if out.status == JobStatus::Ok {
+                    if let (Some(claims), Some(wt)) = (&node.claims, wt) {
+                        let since = spec.worktree.as_ref().and_then(|w| w.run_base.as_deref());
+                        let (claims, since) = (claims.clone(), since.map(str::to_string));
+                        out = wt
+                            .blocking(move |wt| {
+                                check_claims(&claims, wt, since.as_deref(), &mut out);
+                                out
+                            })
+                            .await;
+                    }
+                }
+                art.put_json("transcript.json", &out.transcript).await?;
+                art.put_json("output.json", &out.output).await?;
+                Ok((
+                    StepOutcome {
+                        status: out.status,
+                        output: out.output,
+                        error: out.error,
+                    },
+                    out.usage,
+                ))
+            }
+            NodeKind::Command => {
+                let session = session.expect("commands run in a container");
+                Ok((
+                    harness::commands(&spec.commands, timeout, session, art).await?,
+                    Usage::default(),
+                ))
+            }
+            NodeKind::Harness => {
+                let step = match node.op.as_deref() {
+                    Some("apply_patch") => {
+                        harness::apply_patch(
+                            &spec.params,
+                            spec.write_scope.as_ref(),
+                            wt.ok_or_else(no_worktree)?,
+                            art,
+                        )
+                        .await?
+                    }
+                    Some("factory_verify") => {
+                        let session = session.expect("verification runs in a container");
+                        harness::factory_verify(
+                            &spec.params,
+                            wt.ok_or_else(no_worktree)?,
+                            session,
+                            art,
+                        )
+                        .await?
+                    }
+                    Some("run_tests") => {
+                        let place = verify::RunPlace {
+                            session: session.expect("tests run in a container"),
+                            wt: wt.ok_or_else(no_worktree)?,
+                            harness_dir: &harness_dir,
+                        };
+                        verify::run_tests(&spec.params, &place, &seed, art).await?
+                    }
+                    Some("check_build") => {
+                        let session = session.expect("the build runs in a container");
+                        let root = wt.ok_or_else(no_worktree)?.dir.clone();
+                        verify::check_build(&spec.params, &root, session, art).await?
+                    }
+                    Some("generate_mutants") => {
+                        let params = spec.params.clone();
+                        let step = wt
+                            .ok_or_else(no_worktree)?
+                            .blocking(move |wt| mutation::generate(&params, &wt.dir))
+                            .await;
+                        art.put_json("mutants.json", &step.output).await?;
+                        step
+                    }
+                    Some("run_mutants") => {
+                        let place = verify::RunPlace {
+                            session: session.expect("mutants run in a container"),
+                            wt: wt.ok_or_else(no_worktree)?,
+                            harness_dir: &harness_dir,
+                        };
+                        mutation::run(&spec.params, &place, &seed, art).await?
+                    }
+                    Some("tally_mutants") => {
+                        let step = mutation::tally(&spec.params);
+                        art.put_json("mutation_tally.json", &step.output).await?;
+                        step
+                    }
+                    Some("check_skeleton") => {
+                        let session = session.expect("the build runs in a container");
+                        harness::check_skeleton(
+                            &spec.params,
+                            wt.ok_or_else(no_worktree)?,
+                            session,
+                            art,
+                        )
+                        .await?
+                    }
+                    Some("noop") => StepOutcome {
+                        status: JobStatus::Ok,
+                        output: json!({}),
+                        error: None,
+                    },
+                    other => StepOutcome {
+                        status: JobStatus::Error,
+                        output: Value::Null,
+                        error: Some(format!("unknown harness op {other:?}")),
+                    },
+                };
+                Ok((step, Usage::default()))
+            }
+            NodeKind::Git => {
+                let op = node.op.as_deref().unwrap_or_default();
+                let wt = wt.ok_or_else(no_worktree)?;
+                let (op, job) = (op.to_string(), spec.clone());
+                let step = wt
+                    .blocking(move |wt| harness::git_step(&op, &job.params, &job, wt))
+                    .await?;
+                art.put_json("git_result.json", &step.output).await?;
+                Ok((step, Usage::default()))
+            }
+            NodeKind::Exit | NodeKind::Join | NodeKind::Fanout | NodeKind::Approval => Ok((
+                StepOutcome {
+                    status: JobStatus::Error,
+                    output: Value::Null,
+                    error: Some(format!("{:?} nodes are not jobs", spec.kind).to_lowercase()),
+                },
+                Usage::default(),
+            )),
+        }
+    }
+}
+
+/// The prompt's context files, read by the harness: at most 10 files and 200 KB in all, cut
+/// deterministically; paths that escape the worktree are refused.
+fn read_context(root: &Path, files: &[String]) -> Value {
+    let mut budget = MAX_CONTEXT_BYTES;
+    let mut out = Vec::new();
+    for f in files.iter().take(MAX_CONTEXT_FILES) {
+        let Ok(rel) = normalize_relative(f) else {
+            out.push(json!({"path": f, "content": "[refused: path escapes the worktree]", "truncated": false}));
+            continue;
+        };
+        // Never through a link (a repo's `ctx.md -> /proc/self/environ` must not reach a prompt),
+        // never more than the budget left.
+        match crate::safe_fs::read_capped(root, &rel, budget) {
+            Ok(read) => {
+                budget -= read.bytes.len();
+                out.push(json!({
+                    "path": rel,
+                    "content": String::from_utf8_lossy(&read.bytes),
+                    "truncated": read.truncated,
+                }));
+            }
+            Err(e) => out.push(json!({
+                "path": rel,
+                "content": format!("[refused: {e}]"),
+                "truncated": false,
+            })),
+        }
+    }
+    Value::Array(out)
+}
+
+/// Checks the agent's claims against the files it changed; mismatches fail the job with
+/// structured `claim_errors`.
+fn check_claims(
+    claims: &shared::graph::Claims,
+    wt: &Worktree,
+    since: Option<&str>,
+    out: &mut agent::AgentOutcome,
+) {
+    let Some(lang) = crate::claims::language(&claims.language) else {
+        return;
+    };
+    let ctx = serde_json::json!({"output": out.output});
+    let names = |e: &Option<String>| -> Vec<Value> {
+        e.as_deref()
+            .and_then(|e| shared::expr::eval(e, &ctx).ok())
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    };
+    let defines: Vec<String> = names(&claims.defines)
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let exercises: Vec<crate::claims::Exercise> = names(&claims.exercises)
+        .iter()
+        .filter_map(|v| {
+            Some(crate::claims::Exercise {
+                test: v.get(&claims.test_field)?.as_str()?.to_string(),
+                calls: v
+                    .get(&claims.calls_field)?
+                    .as_array()?
+                    .iter()
+                    .filter_map(|c| c.as_str().map(str::to_string))
+                    .collect(),
+            })
+        })
+        .collect();
+    let files = match wt.changed_files(since) {
+        Ok(f) => f,
+        Err(e) => {
+            out.status = JobStatus::Error;
+            out.error = Some(format!("cannot list changed files: {e}"));
+            return;
+        }
+    };
+    let mut declared = defines.clone();
+    declared.extend(exercises.iter().map(|e| e.test.clone()));
+    let undeclared = crate::claims::undeclared(lang.as_ref(), &files, &declared);
+    if let Some(obj) = out.output.as_object_mut() {
+        obj.insert(
+            "undeclared_definitions".into(),
+            serde_json::json!(undeclared),
+        );
+    }
+    let errors = crate::claims::check(lang.as_ref(), &files, &defines, &exercises);
+    if !errors.is_empty() {
+        out.status = JobStatus::Failed;
+        out.error = Some(format!(
+            "claims do not match the files on disk: {}",
+            errors
+                .iter()
+                .map(|e| e.detail.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+        if let Some(obj) = out.output.as_object_mut() {
+            obj.insert("claim_errors".into(), serde_json::json!(errors));
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Test runs the harness judges itself: the runner is started with the language's pins
+//! (`shared::lang`), writes a machine-readable report into the harness folder (outside the
+//! worktree), stray processes are killed before the report is read (never following a link,
+//! with a size cap), a harness-owned canary must show up failing, and the verdict comes from the
+//! per-test outcomes (`shared::testreport`), never from the exit code alone. Frozen tests are
+//! laid down again from the tests' commit before every run. Host-side file work (laying tests
+//! down, the harness folder, reading and parsing the report, the policy's parse) runs on the
+//! blocking pool.
+//!
+//! `observe.rs` runs the tests once and reads the report (canary, summary); `judge.rs` is the
+//! `run_tests` op and its verdict; `build.rs` is `check_build` with the implementation policy.
+
+mod build;
+mod judge;
+mod observe;
+#[cfg(test)]
+mod tests;
+
+pub use build::check_build;
+pub use judge::run_tests;
+pub use observe::observe;
+
+use crate::git::Worktree;
+use crate::harness::StepOutcome;
+use crate::sandbox::{ExecOutput, Session};
+use serde::Deserialize;
+use serde_json::Value;
+use shared::messages::JobStatus;
+use shared::scope::{ScopeMatcher, WriteScope};
+use shared::testreport::TestRunReport;
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    #[default]
+    Pass,
+    Fail,
+    Any,
+}
+
+/// The tests frozen at verify-TDD: the commit holding them and the test ids that ran there.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Frozen {
+    pub commit: String,
+    #[serde(default)]
+    pub tests: Vec<String>,
+}
+
+/// `run_tests`' parameters (the node's `with`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct TestRunParams {
+    pub command: String,
+    #[serde(default = "python")]
+    pub language: String,
+    #[serde(default)]
+    pub expect: Expect,
+    /// The run's test files (paths or globs, relative to the worktree).
+    #[serde(default)]
+    pub test_paths: Vec<String>,
+    #[serde(default)]
+    pub frozen: Option<Frozen>,
+    #[serde(default)]
+    pub allowed_skips: Vec<String>,
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: u64,
+}
+
+fn python() -> String {
+    "python".into()
+}
+fn default_timeout() -> u64 {
+    600
+}
+
+/// Where a test run happens: the session, its worktree on the host and the harness folder.
+pub struct RunPlace<'a> {
+    pub session: &'a dyn Session,
+    pub wt: &'a Worktree,
+    /// Host path of the harness folder mounted into the session.
+    pub harness_dir: &'a Path,
+}
+
+/// What one pinned run showed.
+pub struct Observation {
+    pub exec: ExecOutput,
+    pub timed_out: bool,
+    /// The exit code with the canary's expected failure taken out.
+    pub exit_code: i64,
+    pub report: Result<TestRunReport, String>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn bad_params(e: impl std::fmt::Display) -> StepOutcome {
+    StepOutcome {
+        status: JobStatus::Error,
+        output: Value::Null,
+        error: Some(format!("bad parameters: {e}")),
+    }
+}
+
+/// Lays the frozen test files down again from the tests' commit (on the blocking pool).
+pub async fn lay_down_frozen(
+    wt: &Worktree,
+    frozen: &Frozen,
+    test_paths: &[String],
+) -> Result<Vec<String>, String> {
+    let scope = WriteScope {
+        globs: test_paths.to_vec(),
+        ..Default::default()
+    };
+    let commit = frozen.commit.clone();
+    wt.blocking(move |wt| {
+        let matcher = ScopeMatcher::new(&scope).map_err(|e| e.to_string())?;
+        wt.restore_paths(&commit, &|p| matcher.covers(p))
+            .map_err(|e| format!("cannot lay down the frozen tests: {e}"))
+    })
+    .await
+}
