@@ -116,19 +116,20 @@ pub async fn submit_as(
         base_commit: &packed.commit,
         repo_tree_hash: &tree_hash,
     };
-    let (input, mut meta, derived, submission_hash) = match bundle.graph.prepare.as_deref() {
-        Some("factory") => {
-            let (input, meta) = shared::factory::prepare(&req.input, &identity)
-                .map_err(|e| SubmitError::Input(e.to_string()))?;
-            let (run_id, hash) = (meta.run_id.clone(), meta.submission_hash.clone());
-            (input, json!(meta), run_id, hash)
+    let prepared = match bundle.graph.prepare.as_deref() {
+        Some(name) => {
+            let hook = shared::builtins::prepare_hook(name)
+                .ok_or_else(|| SubmitError::Input(format!("unknown prepare hook `{name}`")))?;
+            (hook.prepare)(&req.input, &identity).map_err(SubmitError::Input)?
         }
-        _ => {
-            let (run_id, hash) = identity.run_id(&req.input);
-            let meta = json!({"repo_tree_hash_before": tree_hash, "submission_hash": hash});
-            (req.input.clone(), meta, run_id, hash)
-        }
+        None => shared::builtins::prepare_plain(&req.input, &identity),
     };
+    let shared::builtins::Prepared {
+        input,
+        mut meta,
+        run_id: derived,
+        submission_hash,
+    } = prepared;
     if let Some(id) = &requested {
         if meta.get("run_id").is_some() {
             meta["run_id"] = json!(id);

@@ -98,13 +98,9 @@ pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// Built-in result assemblers of exit nodes.
+/// Built-in result assemblers of exit nodes (the registry lives in `shared::builtins`).
 pub fn assembler(name: &str) -> Option<Assembler> {
-    match name {
-        "factory_summary" => Some(shared::factory::summarize as Assembler),
-        "hybrid_result" => Some(shared::hybrid::assemble as Assembler),
-        _ => None,
-    }
+    shared::builtins::assembler(name)
 }
 
 impl Coordinator {
@@ -316,20 +312,9 @@ impl Coordinator {
         self.mirrored.lock().expect("mirror times").remove(run);
     }
 
-    fn result_files(state: &RunState) -> Vec<(String, serde_json::Value)> {
-        let Some(result) = &state.result else {
-            return Vec::new();
-        };
-        let prefix = format!("runs/{}/", state.run_id);
-        let mut files = vec![(format!("{prefix}result.json"), result.clone())];
-        if state.graph_name == "factory" && result.get("verdict").is_some() {
-            files.push((format!("{prefix}run_summary.json"), result.clone()));
-        }
-        files
-    }
-
     async fn write_results(&self, state: &RunState) -> Result<(), DriverError> {
-        for (key, value) in Self::result_files(state) {
+        let bundle = self.bundle(&state.graph_ref).await?;
+        for (key, value) in shared::builtins::result_files(&bundle, state) {
             self.blobs.put_json(&key, &value).await?;
         }
         Ok(())

@@ -96,7 +96,7 @@ pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
         err(None, "nodes", "the graph has no exit node".to_string());
     }
     if let Some(prepare) = &g.prepare {
-        if prepare != "factory" {
+        if crate::builtins::prepare_hook(prepare).is_none() {
             err(None, "prepare", format!("unknown prepare hook `{prepare}`"));
         }
     }
@@ -171,9 +171,6 @@ pub const HARNESS_OPS: &[&str] = &[
     "run_mutants",
     "tally_mutants",
 ];
-/// Built-in result assemblers of exit nodes.
-pub const EXIT_ASSEMBLERS: &[&str] = &["factory_summary", "hybrid_result"];
-
 pub(super) fn schema_check(bundle: &GraphBundle, path: &str) -> Result<(), String> {
     let text = bundle
         .file(path)

@@ -2,7 +2,7 @@
 //! detection, observers, sessions and claims, and the fields each node kind requires or
 //! forbids.
 
-use super::{schema_check, EXIT_ASSEMBLERS, HARNESS_OPS, RESERVED, WORKER_VARS};
+use super::{schema_check, HARNESS_OPS, RESERVED, WORKER_VARS};
 use crate::expr;
 use crate::graph::{GraphBundle, Node, NodeKind};
 use crate::ids::NodeId;
@@ -259,7 +259,7 @@ pub(super) fn check_node(
                 e2("status", "an exit node needs a `status` expression".into());
             }
             if let Some(r) = &node.result {
-                if !EXIT_ASSEMBLERS.contains(&r.as_str()) {
+                if !crate::builtins::is_assembler(r) {
                     e2("result", format!("unknown result assembler `{r}`"));
                 }
             }
