@@ -3,7 +3,7 @@
 //! cargo runs after the others, one test at a time.
 
 use fleet_tests::stack::{
-    example, make_calc_repo, wait_for_container, Stack, StackConfig, AMQP_URL,
+    example, make_calc_repo, slow_po_work_order, wait_for_container, Stack, StackConfig, AMQP_URL,
 };
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -232,19 +232,7 @@ async fn a_broker_blip_during_a_slow_verification_on_one_worker_leaves_the_gold_
     let _serial = SERIAL.lock().await;
     let stack = Stack::start("poblip", 1, &[]).await?;
     // The factory example with a PO step that takes a while (its first acceptance command).
-    let mut order: Value = serde_json::from_str(&std::fs::read_to_string(example(
-        "factory-calc/work_order.json",
-    ))?)?;
-    let mut commands = vec![Value::from("python -c \"import time; time.sleep(8)\"")];
-    commands.extend(
-        order["acceptance_commands"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default(),
-    );
-    order["acceptance_commands"] = Value::from(commands);
-    let order_path = stack.dir.path().join("slow_po.json");
-    std::fs::write(&order_path, serde_json::to_vec(&order)?)?;
+    let order_path = slow_po_work_order(stack.dir.path(), 8)?;
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
     let out = stack.cli(&[
         "submit",

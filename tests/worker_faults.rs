@@ -5,7 +5,7 @@
 //! `start` panics): a real worker offers no way to make a job panic from outside.
 
 use fleet_tests::stack::{
-    containers, example, make_calc_repo, wait_for_container, Stack, AMQP_URL,
+    containers, example, make_calc_repo, slow_po_work_order, wait_for_container, Stack, AMQP_URL,
 };
 use futures::StreamExt;
 use lapin::options::{
@@ -108,19 +108,7 @@ async fn a_second_delivery_of_a_running_job_does_not_disturb_it() -> anyhow::Res
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
 
     // A factory run whose verification (PO) takes a while: its first acceptance command sleeps.
-    let mut order: Value = serde_json::from_str(&std::fs::read_to_string(example(
-        "factory-calc/work_order.json",
-    ))?)?;
-    let mut commands = vec![Value::from("python -c \"import time; time.sleep(8)\"")];
-    commands.extend(
-        order["acceptance_commands"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default(),
-    );
-    order["acceptance_commands"] = Value::from(commands);
-    let order_path = stack.dir.path().join("slow_po_work_order.json");
-    std::fs::write(&order_path, serde_json::to_vec(&order)?)?;
+    let order_path = slow_po_work_order(stack.dir.path(), 8)?;
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
     let relay = {
         let (ch, queue) = (ch.clone(), queue.clone());

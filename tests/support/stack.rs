@@ -618,3 +618,24 @@ pub fn example(path: &str) -> String {
         .display()
         .to_string()
 }
+
+/// Writes the factory example's work order with a PO step that takes `seconds` (its first
+/// acceptance command sleeps) into the stack's folder; returns its path.
+pub fn slow_po_work_order(dir: &Path, seconds: u32) -> anyhow::Result<PathBuf> {
+    let mut order: Value = serde_json::from_str(&std::fs::read_to_string(example(
+        "factory-calc/work_order.json",
+    ))?)?;
+    let mut commands = vec![Value::from(format!(
+        "python -c \"import time; time.sleep({seconds})\""
+    ))];
+    commands.extend(
+        order["acceptance_commands"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    order["acceptance_commands"] = Value::from(commands);
+    let path = dir.join("slow_po_work_order.json");
+    std::fs::write(&path, serde_json::to_vec(&order)?)?;
+    Ok(path)
+}

@@ -9,7 +9,7 @@
 //! that nobody asks about (their outbox was lost with the store) are found by a sweep: at
 //! start, whenever the store's epoch changes (it was wiped), and every `SWEEP_EVERY`.
 
-use super::{assembler, now, Coordinator, DriverError};
+use super::{now, Coordinator, DriverError};
 use shared::engine::{self, Applied, Event, RunState};
 use shared::ids::RunId;
 use std::sync::Arc;
@@ -98,7 +98,12 @@ impl Coordinator {
             Err(e) => return Err(e.into()),
         };
         let bundle = self.bundle(&mirror.graph_ref).await?;
-        let t = engine::apply(&bundle, &mirror, &Event::Restored { at: now() }, &assembler)?;
+        let t = engine::apply(
+            &bundle,
+            &mirror,
+            &Event::Restored { at: now() },
+            &shared::builtins::assembler,
+        )?;
         let outbox = self.outbox_for(&t.effects).await?;
         if self.store.create(&t.state, &outbox).await? {
             let reissued = outbox.len();

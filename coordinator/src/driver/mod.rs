@@ -15,7 +15,8 @@ mod watchdog;
 
 use crate::metrics::CoordinatorMetrics;
 use crate::submit::SubmitError;
-use shared::engine::{self, Applied, Assembler, Effect, Event, RunState};
+use shared::builtins;
+use shared::engine::{self, Applied, Effect, Event, RunState};
 use shared::graph::GraphBundle;
 use shared::ids::RunId;
 use shared::messages::{JobEnvelope, INLINE_LIMIT, WIRE_VERSION};
@@ -98,11 +99,6 @@ pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// Built-in result assemblers of exit nodes (the registry lives in `shared::builtins`).
-pub fn assembler(name: &str) -> Option<Assembler> {
-    shared::builtins::assembler(name)
-}
-
 impl Coordinator {
     pub fn new(
         id: String,
@@ -173,7 +169,12 @@ impl Coordinator {
         state: RunState,
         bundle: &GraphBundle,
     ) -> Result<bool, DriverError> {
-        let t = engine::apply(bundle, &state, &Event::Start { at: now() }, &assembler)?;
+        let t = engine::apply(
+            bundle,
+            &state,
+            &Event::Start { at: now() },
+            &builtins::assembler,
+        )?;
         let outbox = self.outbox_for(&t.effects).await?;
         if finishes(&t.effects) {
             self.write_results(&t.state).await?;
@@ -227,7 +228,7 @@ impl Coordinator {
                     applied.push(Applied::Ignored("engine error"));
                     continue;
                 }
-                match engine::apply_in_place(&bundle, &mut current, event, &assembler) {
+                match engine::apply_in_place(&bundle, &mut current, event, &builtins::assembler) {
                     Ok((fx, a)) => {
                         if a != Applied::Changed {
                             debug!(run = %run, applied = ?a, "event changed nothing");
