@@ -1,5 +1,6 @@
 //! What both LLM wire formats share: settings, retries with backoff on 429 and 5xx (529
-//! included, `retry-after` honoured), the price table, and the final-answer rules.
+//! included, `retry-after` honoured), the price table, token counting, and the final-answer
+//! rules.
 
 use serde_json::Value;
 use shared::messages::Usage;
@@ -162,25 +163,6 @@ pub fn retry_wait(retry_after: Option<&str>, attempt: u32) -> Duration {
         .unwrap_or(backoff)
         .clamp(0.0, 60.0);
     Duration::from_secs_f64(wait)
-}
-
-/// One tool call of a reply: its id, the tool's name and its input, or why the input cannot be
-/// read (OpenAI sends the arguments as a JSON string).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolCall {
-    pub id: String,
-    pub name: String,
-    pub input: Result<Value, String>,
-}
-
-/// What one response body says, in either wire format.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Reply {
-    /// The assistant turn as the API wants it back in the conversation.
-    pub turn: Value,
-    pub calls: Vec<ToolCall>,
-    /// The answer's text (read when there is no tool call).
-    pub text: String,
 }
 
 /// Adds a reply's token counts to `usage` (saturating: the numbers are the provider's).

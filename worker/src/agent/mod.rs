@@ -1,12 +1,19 @@
-//! Agent backends: the built-in LLM loop (Anthropic Messages, OpenAI-compatible chat
-//! completions) and the scripted agent. Both act only through the node's tools in the container,
-//! and both end in an output that must satisfy the node's schema.
+//! Agent backends: the built-in LLM loop (`chat.rs`, written once over the `ChatApi` trait of
+//! `provider.rs`, implemented by `anthropic.rs` for the Messages API and `openai.rs` for
+//! OpenAI-compatible chat completions) and the scripted agent. Both act only through the node's
+//! tools in the container, and both end in an output that must satisfy the node's schema.
 
 mod anthropic;
+mod chat;
 pub mod llm;
 mod openai;
+mod provider;
+#[cfg(test)]
+mod tests;
 
 use crate::tools::ToolBox;
+use anthropic::Anthropic;
+use openai::OpenAi;
 use serde_json::{json, Value};
 use shared::messages::{AgentConfig, JobStatus, Usage};
 use std::time::Duration;
@@ -34,27 +41,6 @@ pub struct AgentJob<'a> {
     pub tools: ToolBox<'a>,
 }
 
-/// How a conversation ended: a valid answer, no valid answer (the schema was never met), or an
-/// error of the API.
-fn conclude(
-    ended: Result<Result<Value, String>, llm::LlmError>,
-    usage: Usage,
-    transcript: Value,
-) -> AgentOutcome {
-    let (status, output, error) = match ended {
-        Ok(Ok(output)) => (JobStatus::Ok, output, None),
-        Ok(Err(invalid)) => (JobStatus::OutputInvalid, Value::Null, Some(invalid)),
-        Err(e) => (JobStatus::Error, Value::Null, Some(e.to_string())),
-    };
-    AgentOutcome {
-        status,
-        output,
-        error,
-        usage,
-        transcript,
-    }
-}
-
 /// The message a nudged agent receives.
 pub const NUDGE: &str = "Time is nearly up for this step. Stop exploring and call `submit` now \
 with your best answer.";
@@ -69,8 +55,8 @@ pub async fn run(
 ) -> AgentOutcome {
     match config {
         AgentConfig::Scripted { script } => scripted(job, script, prior).await,
-        AgentConfig::Anthropic(c) => anthropic::run(job, c, settings, http, prior).await,
-        AgentConfig::Openai(c) => openai::run(job, c, settings, http, prior).await,
+        AgentConfig::Anthropic(c) => chat::run(&Anthropic, job, c, settings, http, prior).await,
+        AgentConfig::Openai(c) => chat::run(&OpenAi, job, c, settings, http, prior).await,
     }
 }
 
