@@ -100,11 +100,10 @@ pub fn result_files(bundle: &GraphBundle, state: &RunState) -> Vec<(String, Valu
     let prefix = format!("runs/{}/", state.run_id);
     let mut files = vec![(format!("{prefix}result.json"), result.clone())];
     if result.get("verdict").is_some() {
-        let used = bundle
-            .graph
-            .nodes
-            .values()
-            .filter_map(|n| n.result.as_deref());
+        let used = bundle.graph.nodes.values().filter_map(|n| match &n.body {
+            crate::graph::NodeBody::Exit { result, .. } => result.as_deref(),
+            _ => None,
+        });
         let mut extra: Vec<&str> = used
             .filter_map(|name| ASSEMBLERS.iter().find(|a| a.name == name))
             .flat_map(|a| a.also_writes.iter().copied())

@@ -55,7 +55,7 @@ pub fn graph_exceeds(g: &Graph) -> Option<String> {
         .values()
         .map(|n| {
             n.routes.iter().map(|r| r.to.nodes().len()).sum::<usize>()
-                + n.wait_for.len()
+                + n.wait_for().len()
                 + n.observes.len()
         })
         .sum();
@@ -75,7 +75,8 @@ pub fn graph_exceeds(g: &Graph) -> Option<String> {
             return Some(format!("node `{id}`: max_visits is above {MAX_VISITS}"));
         }
         if n.timeout_seconds.is_some_and(|t| t > MAX_TIMEOUT_SECONDS)
-            || n.nudge_after_seconds
+            || n.agent()
+                .and_then(|a| a.nudge_after_seconds)
                 .is_some_and(|t| t > MAX_TIMEOUT_SECONDS)
         {
             return Some(format!(
@@ -87,7 +88,7 @@ pub fn graph_exceeds(g: &Graph) -> Option<String> {
             .values()
             .chain(n.derive.values())
             .chain(n.routes.iter().filter_map(|r| r.when.as_ref()))
-            .chain(n.commands.iter())
+            .chain(n.commands().iter())
             .any(|e| e.len() > MAX_EXPRESSION_BYTES);
         if long {
             return Some(format!(

@@ -6,6 +6,8 @@
 use crate::blobs::Blobs;
 use crate::git::{files_on_disk, Worktree};
 use crate::sandbox::{ExecOutput, Session};
+use crate::verify::{bad_params, default_timeout, python};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use shared::factory::{self, CmdResult, FailureBrief, Stage};
 use shared::messages::JobStatus;
@@ -73,8 +75,58 @@ impl Artifacts<'_> {
 
 type StepResult = Result<StepOutcome, crate::blobs::BlobError>;
 
-fn param<'v>(params: &'v Value, key: &str) -> &'v Value {
-    params.get(key).unwrap_or(&Value::Null)
+/// The op's parameters (the node's `with`, evaluated), read into its own type; a parameter of
+/// the wrong type is a clear `bad parameters` error, never a silent default.
+fn read_params<T: serde::de::DeserializeOwned>(params: &Value) -> Result<T, StepOutcome> {
+    serde_json::from_value(params.clone()).map_err(bad_params)
+}
+
+/// `apply_patch`'s parameters.
+#[derive(Deserialize)]
+struct ApplyPatchParams {
+    /// The SE's diff; missing reads as empty (refused: no file headers).
+    #[serde(default)]
+    unified_diff: String,
+    #[serde(default)]
+    attempt_index: Value,
+}
+
+/// `factory_verify`'s parameters.
+#[derive(Deserialize)]
+struct FactoryVerifyParams {
+    #[serde(default = "default_timeout")]
+    command_timeout_seconds: u64,
+    #[serde(default)]
+    attempt_index: Value,
+    #[serde(default)]
+    acceptance_commands: Vec<String>,
+}
+
+/// `check_skeleton`'s parameters.
+#[derive(Deserialize)]
+struct SkeletonParams {
+    #[serde(default = "default_timeout")]
+    timeout_seconds: u64,
+    #[serde(default = "no_build")]
+    build_command: String,
+    #[serde(default = "python")]
+    language: String,
+    #[serde(default)]
+    impl_path: String,
+}
+
+fn no_build() -> String {
+    "true".into()
+}
+
+/// A git node's parameters.
+#[derive(Deserialize)]
+struct GitParams {
+    /// A node that made no commit gives `null` here: nothing of it to apply.
+    #[serde(default)]
+    commits: Vec<Option<String>>,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
@@ -102,11 +154,11 @@ pub async fn apply_patch(
     wt: &Worktree,
     art: &mut Artifacts<'_>,
 ) -> StepResult {
-    let diff = param(params, "unified_diff")
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let attempt = param(params, "attempt_index").clone();
+    let p: ApplyPatchParams = match read_params(params) {
+        Ok(p) => p,
+        Err(bad) => return Ok(bad),
+    };
+    let (diff, attempt) = (p.unified_diff, p.attempt_index);
     let patch_path = art
         .put("proposed_patch.diff", diff.clone().into_bytes())
         .await?;
@@ -283,14 +335,14 @@ pub async fn factory_verify(
     session: &dyn Session,
     art: &mut Artifacts<'_>,
 ) -> StepResult {
-    let timeout = Duration::from_secs(
-        param(params, "command_timeout_seconds")
-            .as_u64()
-            .unwrap_or(600),
-    );
+    let p: FactoryVerifyParams = match read_params(params) {
+        Ok(p) => p,
+        Err(bad) => return Ok(bad),
+    };
+    let timeout = Duration::from_secs(p.command_timeout_seconds);
     let has_script = wt.dir.join("scripts/verify.sh").is_file();
     let mut output = json!({
-        "attempt_index": param(params, "attempt_index"),
+        "attempt_index": p.attempt_index,
         "verify": [], "acceptance": [],
     });
     let verify_cmds: Vec<(Result<Vec<String>, String>, String)> =
@@ -315,16 +367,11 @@ pub async fn factory_verify(
         .await?;
     let mut acceptance = Vec::new();
     if brief.is_none() {
-        let commands: Vec<(Result<Vec<String>, String>, String)> =
-            param(params, "acceptance_commands")
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(|c| (factory::split_command(c), c.to_string()))
-                        .collect()
-                })
-                .unwrap_or_default();
+        let commands: Vec<(Result<Vec<String>, String>, String)> = p
+            .acceptance_commands
+            .iter()
+            .map(|c| (factory::split_command(c), c.clone()))
+            .collect();
         (acceptance, brief) = run_until_failure(
             session,
             &commands,
@@ -404,19 +451,12 @@ pub async fn check_skeleton(
     session: &dyn Session,
     art: &mut Artifacts<'_>,
 ) -> StepResult {
-    let timeout = Duration::from_secs(param(params, "timeout_seconds").as_u64().unwrap_or(600));
-    let build = param(params, "build_command")
-        .as_str()
-        .unwrap_or("true")
-        .to_string();
-    let language = param(params, "language")
-        .as_str()
-        .unwrap_or("python")
-        .to_string();
-    let impl_path = param(params, "impl_path")
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let p: SkeletonParams = match read_params(params) {
+        Ok(p) => p,
+        Err(bad) => return Ok(bad),
+    };
+    let timeout = Duration::from_secs(p.timeout_seconds);
+    let (build, language, impl_path) = (p.build_command, p.language, p.impl_path);
     let argv = factory::split_command(&build).unwrap_or_else(|_| vec!["false".into()]);
     let r = run_logged(session, &argv, timeout, "build", art).await?;
     let build_ok = r.exit_code == 0;
@@ -462,30 +502,25 @@ pub async fn check_skeleton(
 
 /// A git node: cherry-pick (or squash-merge, or rebase) the given commits onto the worktree.
 pub fn git_step(
-    op: &str,
+    op: shared::graph::GitOp,
     params: &Value,
     spec: &shared::messages::JobSpec,
     wt: &Worktree,
 ) -> Result<StepOutcome, crate::git::GitError> {
     let node = spec.node.as_str();
-    let commits: Vec<String> = param(params, "commits")
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
-    let message = param(params, "message")
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("{node}: {op} of {} commit(s)", commits.len()));
+    let GitParams { commits, message } = match read_params(params) {
+        Ok(p) => p,
+        Err(bad) => return Ok(bad),
+    };
+    let commits: Vec<String> = commits.into_iter().flatten().collect();
+    let message =
+        message.unwrap_or_else(|| format!("{node}: {} of {} commit(s)", op.name(), commits.len()));
     let message = format!(
         "{message}\n\nSession: {}\nNode: {node}\nCost: $0.0000\n",
         spec.run_id
     );
-    let squash = (op == "squash_merge").then_some(message.as_str());
+    let squash = (op == shared::graph::GitOp::SquashMerge).then_some(message.as_str());
+    let op = op.name();
     Ok(match wt.cherry_pick(&commits, squash)? {
         crate::git::PickOutcome::Applied { head, applied } => StepOutcome {
             status: JobStatus::Ok,
@@ -506,4 +541,36 @@ pub fn git_step(
                 "conflicts": [{"commit": commit, "paths": paths}]}),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_parameters_are_typed_and_a_wrong_type_is_a_clear_error() {
+        let p: FactoryVerifyParams =
+            read_params(&json!({"acceptance_commands": ["pytest -q"], "attempt_index": 2}))
+                .unwrap_or_else(|_| panic!("good parameters"));
+        assert_eq!(p.command_timeout_seconds, 600);
+        assert_eq!(p.acceptance_commands, vec!["pytest -q".to_string()]);
+        let bad = read_params::<FactoryVerifyParams>(&json!({"acceptance_commands": "pytest"}))
+            .err()
+            .expect("a string is not a list of commands");
+        assert_eq!(bad.status, JobStatus::Error);
+        assert!(bad.error.unwrap().starts_with("bad parameters: "));
+        let s: SkeletonParams = read_params(&json!({})).unwrap_or_else(|_| panic!("defaults"));
+        assert_eq!(
+            (
+                s.build_command.as_str(),
+                s.language.as_str(),
+                s.timeout_seconds
+            ),
+            ("true", "python", 600)
+        );
+        let g: GitParams = read_params(&json!({"commits": ["a", null, "b"]}))
+            .unwrap_or_else(|_| panic!("commits"));
+        assert_eq!(g.commits.into_iter().flatten().count(), 2);
+        assert!(read_params::<ApplyPatchParams>(&json!({"unified_diff": 3})).is_err());
+    }
 }

@@ -29,17 +29,18 @@ pub fn load_graph(path: &Path) -> anyhow::Result<GraphBundle> {
 pub fn mermaid(b: &GraphBundle) -> String {
     let mut out = String::from("flowchart TD\n");
     for (id, n) in &b.graph.nodes {
-        let shape = match n.kind {
+        let op = n.op_name().unwrap_or("");
+        let shape = match n.kind() {
             NodeKind::Exit => format!("{id}((\"{id}\"))"),
             NodeKind::Agent => format!("{id}[\"{id} (agent)\"]"),
             NodeKind::Harness => {
-                format!("{id}{{{{\"{id} ({})\"}}}}", n.op.as_deref().unwrap_or(""))
+                format!("{id}{{{{\"{id} ({op})\"}}}}")
             }
             NodeKind::Command => format!("{id}[/\"{id} (command)\"/]"),
             NodeKind::Join => format!("{id}{{\"{id} (join)\"}}"),
             NodeKind::Fanout => format!("{id}[[\"{id} (fan-out)\"]]"),
             NodeKind::Approval => format!("{id}>\"{id} (approval)\"]"),
-            NodeKind::Git => format!("{id}[(\"{id} (git {})\")]", n.op.as_deref().unwrap_or("")),
+            NodeKind::Git => format!("{id}[(\"{id} (git {op})\")]"),
         };
         out.push_str(&format!("  {shape}\n"));
         for r in &n.routes {

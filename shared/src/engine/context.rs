@@ -93,7 +93,7 @@ pub(super) fn outcome_view(o: &Outcome) -> Value {
 /// The part of the context an agent's template reads (its top-level variables): a prompt never
 /// carries what its template does not show, e.g. a sibling branch's outputs.
 pub(super) fn template_context(bundle: &GraphBundle, n: &Node, ctx: &Value) -> Value {
-    let Some(text) = n.template.as_deref().and_then(|t| bundle.file(t)) else {
+    let Some(text) = n.agent().and_then(|a| bundle.file(&a.template)) else {
         return Value::Null;
     };
     let Ok(vars) = expr::template_variables("template", text) else {

@@ -11,6 +11,15 @@ use crate::graph::{Node, NodeKind};
 use crate::ids::NodeId;
 use serde_json::{json, Map, Value};
 
+/// The body of a fan-out node, as the engine runs it.
+#[derive(Clone, Copy)]
+pub(super) struct FanOut<'a> {
+    /// Expression giving the list of items.
+    pub over: &'a str,
+    pub body: &'a NodeId,
+    pub join: &'a NodeId,
+}
+
 impl Engine<'_> {
     pub(super) fn arrive(
         &mut self,
@@ -19,7 +28,7 @@ impl Engine<'_> {
         branch: Option<u32>,
         from: Option<&NodeId>,
     ) -> Result<(), EngineError> {
-        let is_static = !n.wait_for.is_empty();
+        let is_static = !n.wait_for().is_empty();
         let key = match (is_static, branch) {
             (false, Some(b)) => b.to_string(),
             _ => from.map(|f| f.to_string()).unwrap_or_default(),
@@ -28,7 +37,7 @@ impl Engine<'_> {
             .and_then(|f| self.state.last_outcome_in(f, branch))
             .map(|o| o.ok)
             .unwrap_or(true);
-        let expected = if is_static { n.wait_for.len() } else { 0 };
+        let expected = if is_static { n.wait_for().len() } else { 0 };
         let join = self.state.joins.entry(id.clone()).or_default();
         if is_static {
             join.expected = expected;
@@ -80,12 +89,12 @@ impl Engine<'_> {
     pub(super) fn fan_out(
         &mut self,
         id: &NodeId,
-        n: &Node,
+        fanout: FanOut<'_>,
         visit: u32,
         branch: Option<u32>,
     ) -> Result<(), EngineError> {
         let ctx = self.state.context_in(branch);
-        let over = n.over.as_deref().unwrap_or("[]");
+        let FanOut { over, body, join } = fanout;
         let items = match expr::eval(over, &ctx).map_err(Self::expr_err(id))? {
             Value::Array(items) => items,
             Value::Null => Vec::new(),
@@ -97,8 +106,7 @@ impl Engine<'_> {
             self.finish(RunStatus::Failed, result);
             return Ok(());
         }
-        let body = n.body.clone().expect("checked: a fan-out has a body");
-        let join_id = n.join.clone().expect("checked: a fan-out has a join");
+        let (body, join_id) = (body.clone(), join.clone());
         let join = self.state.joins.entry(join_id.clone()).or_default();
         join.arrived.clear();
         join.expected = items.len();
@@ -122,11 +130,10 @@ impl Engine<'_> {
         for (i, item) in items.into_iter().enumerate() {
             let b = first + i as u32;
             self.state.branches.insert(b, item.clone());
-            if body_node.kind == NodeKind::Agent
-                || body_node.kind == NodeKind::Command
-                || body_node.kind == NodeKind::Harness
-                || body_node.kind == NodeKind::Git
-            {
+            if matches!(
+                body_node.kind(),
+                NodeKind::Agent | NodeKind::Command | NodeKind::Harness | NodeKind::Git
+            ) {
                 // The common case, without rebuilding the context per branch.
                 let v = self.state.visits.get(&body).copied().unwrap_or(0) + 1;
                 if body_node.max_visits.is_some_and(|m| v > m) {

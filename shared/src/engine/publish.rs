@@ -8,7 +8,7 @@ use super::state::{JobRecord, JobState, RunStatus, MAX_ATTEMPTS};
 use super::step::Engine;
 use super::EngineError;
 use crate::expr::{self, ExprError};
-use crate::graph::{Node, NodeKind};
+use crate::graph::{Node, NodeBody};
 use crate::ids::{Attempt, JobId, NodeId};
 use crate::messages::{JobSpec, WorktreeSpec, WIRE_VERSION};
 use serde_json::{json, Map, Value};
@@ -100,7 +100,8 @@ impl Engine<'_> {
                 params.insert("observed".into(), outcome_view(observed));
             }
         }
-        let context_files = match &n.context_files {
+        let agent = n.agent();
+        let context_files = match agent.and_then(|a| a.context_files.as_ref()) {
             None => Vec::new(),
             Some(e) => match expr::eval(e, ctx).map_err(&err)? {
                 Value::Array(items) => items
@@ -111,7 +112,7 @@ impl Engine<'_> {
             },
         };
         let commands = n
-            .commands
+            .commands()
             .iter()
             .map(|c| expr::render("command", c, ctx).map_err(&err))
             .collect::<Result<Vec<_>, _>>()?;
@@ -138,7 +139,7 @@ impl Engine<'_> {
             None => None,
             Some(w) => Some(write_scope(&w.spec(), ctx).map_err(&err)?),
         };
-        let continues = n.continues.as_ref().and_then(|c| {
+        let continues = agent.and_then(|a| a.continues.as_ref()).and_then(|c| {
             self.state
                 .last_outcome_in(c, branch)
                 .and_then(|o| o.artifacts.get("transcript.json").cloned())
@@ -156,7 +157,7 @@ impl Engine<'_> {
             node: id.clone(),
             visit,
             attempt,
-            kind: n.kind,
+            kind: n.kind(),
             graph_ref: self.state.graph_ref.clone(),
             image: match self.bundle.graph.image_for(n) {
                 Some(i) if i.contains("{{") => Some(expr::render("image", &i, ctx).map_err(&err)?),
@@ -170,18 +171,20 @@ impl Engine<'_> {
             artifact_prefix: format!("runs/{}/{}/", self.state.run_id, folder.trim_matches('/')),
             agent: self.state.agent.clone(),
             // Only prompts need the context, and only the parts their template reads.
-            vars: if n.kind == NodeKind::Agent {
+            vars: if agent.is_some() {
                 template_context(self.bundle, n, ctx)
             } else {
                 Value::Null
             },
             branch,
             continues,
-            nudge_after_seconds: n.nudge_after_seconds,
+            nudge_after_seconds: agent.and_then(|a| a.nudge_after_seconds),
             // Jobs that may run long announce their start, so a hung worker can be superseded.
-            notify_start: matches!(n.kind, NodeKind::Agent | NodeKind::Command)
-                || (n.kind == NodeKind::Harness
-                    && !matches!(n.op.as_deref(), Some("noop" | "apply_patch"))),
+            notify_start: match &n.body {
+                NodeBody::Agent(_) | NodeBody::Command { .. } => true,
+                NodeBody::Harness { op } => op.announces_start(),
+                _ => false,
+            },
             write_scope,
         };
         self.state.jobs.insert(

@@ -4,9 +4,13 @@
 
 mod check;
 mod model;
+mod parts;
+mod raw;
 
 pub use check::{check, CheckError};
 pub use model::*;
+pub use parts::*;
+pub use raw::{FieldError, RawGraph, RawNode};
 
 use crate::hashing::{canonical_hash, sha256_hex};
 use serde::{Deserialize, Serialize};

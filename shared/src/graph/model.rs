@@ -1,24 +1,26 @@
+//! The typed graph the engine, checker and workers run: a node's kind is the variant of its
+//! body, each with the fields only that kind has, and the ops of harness and git nodes are
+//! enums. It is read from (and written as) the YAML form in `raw.rs`, so a field on the wrong
+//! kind, a missing required field or an unknown op is refused when the graph is read.
+
+use super::raw::RawGraph;
 use super::CheckError;
+use super::{Claims, Route, Stuck, Tool, WorktreeUse, Writes};
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// A graph as written in YAML. Unknown fields are errors, so a typo never silently changes
-/// behaviour.
+/// A graph. Unknown fields are errors, so a typo never silently changes behaviour.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawGraph", into = "RawGraph")]
 pub struct Graph {
     pub name: String,
-    #[serde(default)]
     pub description: String,
     pub start: NodeId,
     /// A harness hook run at submission (input validation and run id); `factory` is built in.
-    #[serde(default)]
     pub prepare: Option<String>,
-    #[serde(default)]
     pub defaults: Defaults,
     /// JSON schema file the run input must satisfy.
-    #[serde(default)]
     pub input_schema: Option<String>,
     pub nodes: BTreeMap<NodeId, Node>,
 }
@@ -45,6 +47,7 @@ fn default_timeout() -> u64 {
     600
 }
 
+/// The kind of a node, as jobs carry it on the wire.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeKind {
@@ -69,266 +72,231 @@ pub enum NodeKind {
     Git,
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Tool {
-    ReadFile,
-    ListDir,
-    WriteFile,
-    EditFile,
-    RunCommand,
-}
-
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum WorktreeMode {
-    #[default]
-    Ro,
-    Rw,
-}
-
-/// Which commit a node's worktree starts from, and whether its changes become a new commit.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct WorktreeUse {
-    /// `base` (the run's baseline commit), the name of a node whose commit to start from, or a
-    /// list of nodes: the one that finished last wins (a loop's latest commit).
-    #[serde(default = "base")]
-    pub from: Targets,
-    #[serde(default)]
-    pub mode: WorktreeMode,
-    /// Commit the worktree's changes after the job and hand the commit to later nodes.
-    #[serde(default)]
-    pub commit: bool,
-}
-
-fn base() -> Targets {
-    Targets::One(NodeId::new("base"))
-}
-
-/// One target or several (a fork: every target starts, in parallel).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(untagged)]
-pub enum Targets {
-    One(NodeId),
-    Many(Vec<NodeId>),
-}
-
-impl Targets {
-    pub fn nodes(&self) -> Vec<&NodeId> {
-        match self {
-            Targets::One(n) => vec![n],
-            Targets::Many(ns) => ns.iter().collect(),
-        }
-    }
-}
-
-impl std::fmt::Display for Targets {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<String> = self.nodes().iter().map(|n| n.to_string()).collect();
-        f.write_str(&names.join(", "))
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Route {
-    pub to: Targets,
-    /// Expression over the run context; absent means always.
-    #[serde(default)]
-    pub when: Option<String>,
-}
-
-/// One node. Fields that belong to one kind only are checked by the static checker, which names
-/// the node and field of each mistake.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+/// One node: what every kind has, and the body of its kind.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Node {
-    pub kind: NodeKind,
-    #[serde(default)]
     pub description: String,
     /// Named expressions evaluated by the engine when the job starts; the job's parameters.
-    #[serde(default)]
     pub with: BTreeMap<String, String>,
-    #[serde(default)]
     pub worktree: Option<WorktreeUse>,
     /// Hard budget of visits; exceeding it ends the run with `budget_exhausted`.
-    #[serde(default)]
     pub max_visits: Option<u32>,
-    #[serde(default)]
     pub timeout_seconds: Option<u64>,
-    #[serde(default)]
     pub image: Option<String>,
     /// Template for the folder of this job's artifacts under the run's prefix.
-    #[serde(default)]
     pub artifacts: Option<String>,
-    #[serde(default)]
     pub routes: Vec<Route>,
     /// What the node's commit may change, checked by the harness on git's own deltas before
     /// the commit is handed on. Required on every node whose worktree commits (but git nodes).
-    #[serde(default)]
     pub writes: Option<Writes>,
-
-    // agent
-    #[serde(default)]
-    pub template: Option<String>,
-    #[serde(default)]
-    pub output_schema: Option<String>,
-    #[serde(default)]
-    pub tools: Vec<Tool>,
-    /// Expression giving the list of worktree files whose contents the prompt receives.
-    #[serde(default)]
-    pub context_files: Option<String>,
-
-    // command
-    #[serde(default)]
-    pub commands: Vec<String>,
-
-    // harness
-    #[serde(default)]
-    pub op: Option<String>,
-
     /// Harness-derived fields: name → expression over the finished job's `output` (and the run
     /// context); stored with the outcome as `derived` and used by routes. Verdicts live here.
-    #[serde(default)]
     pub derive: BTreeMap<String, String>,
     /// Where to go when `max_visits` is exhausted (instead of failing the run).
-    #[serde(default)]
     pub budget_exit: Option<NodeId>,
     /// Stuck detection: the same `signature` seen `times` times routes to `to`.
-    #[serde(default)]
     pub stuck: Option<Stuck>,
     /// The run may end without waiting for this node; its output is attached when it arrives.
-    #[serde(default)]
     pub advisory: bool,
     /// An observer: started after each finished visit of these nodes, with that outcome as
     /// `params.observed`; never routes, its latest output is attached to the result.
-    #[serde(default)]
     pub observes: Vec<NodeId>,
+    pub body: NodeBody,
+}
+
+/// What one kind of node has that no other kind has.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeBody {
+    Agent(AgentBody),
+    /// Argv command templates, split with shell rules, never run by a shell.
+    Command {
+        commands: Vec<String>,
+    },
+    Harness {
+        op: HarnessOp,
+    },
+    /// Applies `with.commits` onto the worktree's base.
+    Git {
+        op: GitOp,
+    },
+    /// Static arrivals; empty for the join of a fan-out (its count is set at fan-out time).
+    Join {
+        wait_for: Vec<NodeId>,
+    },
+    Fanout {
+        /// Expression giving the list of items, one branch each.
+        over: String,
+        body: NodeId,
+        join: NodeId,
+    },
+    Approval,
+    Exit {
+        /// Expression deciding whether the run succeeded.
+        status: String,
+        /// A built-in result assembler (`factory_summary`, ...) or the generic outputs.
+        result: Option<String>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentBody {
+    pub template: String,
+    /// The `submit` tool's JSON schema (a bundle file).
+    pub output_schema: String,
+    pub tools: Vec<Tool>,
+    /// Expression giving the list of worktree files whose contents the prompt receives.
+    pub context_files: Option<String>,
     /// Continue the agent session (transcript) of this node instead of starting a new one.
-    #[serde(default)]
     pub continues: Option<NodeId>,
     /// Seconds after which the agent is told to finish (a nudge), before the hard timeout.
-    #[serde(default)]
     pub nudge_after_seconds: Option<u64>,
     /// Claims of the agent's output checked against the files it changed.
-    #[serde(default)]
     pub claims: Option<Claims>,
-
-    // join
-    #[serde(default)]
-    pub wait_for: Vec<NodeId>,
-
-    // fanout
-    #[serde(default)]
-    pub over: Option<String>,
-    #[serde(default)]
-    pub body: Option<NodeId>,
-    #[serde(default)]
-    pub join: Option<NodeId>,
-
-    // exit
-    #[serde(default)]
-    pub status: Option<String>,
-    /// Exit: a built-in result assembler (`factory_summary`) or absent for the generic result.
-    #[serde(default)]
-    pub result: Option<String>,
 }
 
-/// A write scope as written in the graph: expressions over the run context, each giving one glob
-/// or a list of globs (`input.spec.impl_path`, `input.work_order.allowed_files`), either as a
-/// bare list or with the special kinds of change the node may also make. Read by hand rather
-/// than as an untagged enum, so a misspelt field of the long form is named in the error.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-#[serde(untagged)]
-pub enum Writes {
-    Paths(Vec<String>),
-    Full(WritesSpec),
+/// Harness steps a worker knows how to run.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum HarnessOp {
+    /// The factory's TR: scope-check and `git apply` the SE's diff.
+    ApplyPatch,
+    /// The factory's PO: verification, then the acceptance commands.
+    FactoryVerify,
+    Noop,
+    /// The pinned test runner, its report judged per test.
+    RunTests,
+    CheckSkeleton,
+    CheckBuild,
+    GenerateMutants,
+    RunMutants,
+    TallyMutants,
 }
 
-impl<'de> Deserialize<'de> for Writes {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-        struct Shape;
-        impl<'de> serde::de::Visitor<'de> for Shape {
-            type Value = Writes;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(
-                    "a list of glob expressions, or {paths, symlinks, submodules, mode_changes}",
-                )
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Writes, A::Error> {
-                Vec::<String>::deserialize(SeqAccessDeserializer::new(seq)).map(Writes::Paths)
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Writes, A::Error> {
-                WritesSpec::deserialize(MapAccessDeserializer::new(map)).map(Writes::Full)
-            }
-        }
-        d.deserialize_any(Shape)
-    }
-}
+impl HarnessOp {
+    pub const ALL: &'static [HarnessOp] = &[
+        HarnessOp::ApplyPatch,
+        HarnessOp::FactoryVerify,
+        HarnessOp::Noop,
+        HarnessOp::RunTests,
+        HarnessOp::CheckSkeleton,
+        HarnessOp::CheckBuild,
+        HarnessOp::GenerateMutants,
+        HarnessOp::RunMutants,
+        HarnessOp::TallyMutants,
+    ];
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct WritesSpec {
-    pub paths: Vec<String>,
-    #[serde(default)]
-    pub symlinks: bool,
-    #[serde(default)]
-    pub submodules: bool,
-    #[serde(default)]
-    pub mode_changes: bool,
-}
-
-impl Writes {
-    pub fn spec(&self) -> WritesSpec {
+    pub fn name(self) -> &'static str {
         match self {
-            Writes::Paths(paths) => WritesSpec {
-                paths: paths.clone(),
-                symlinks: false,
-                submodules: false,
-                mode_changes: false,
-            },
-            Writes::Full(s) => s.clone(),
+            HarnessOp::ApplyPatch => "apply_patch",
+            HarnessOp::FactoryVerify => "factory_verify",
+            HarnessOp::Noop => "noop",
+            HarnessOp::RunTests => "run_tests",
+            HarnessOp::CheckSkeleton => "check_skeleton",
+            HarnessOp::CheckBuild => "check_build",
+            HarnessOp::GenerateMutants => "generate_mutants",
+            HarnessOp::RunMutants => "run_mutants",
+            HarnessOp::TallyMutants => "tally_mutants",
         }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|op| op.name() == name)
+    }
+
+    /// Runs commands in the job's container (and so needs an image and a sandbox).
+    pub fn runs_in_container(self) -> bool {
+        matches!(
+            self,
+            HarnessOp::FactoryVerify
+                | HarnessOp::RunTests
+                | HarnessOp::CheckSkeleton
+                | HarnessOp::CheckBuild
+                | HarnessOp::RunMutants
+        )
+    }
+
+    /// May run long, so the worker announces its start (a hung worker can be superseded).
+    pub fn announces_start(self) -> bool {
+        !matches!(self, HarnessOp::Noop | HarnessOp::ApplyPatch)
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Stuck {
-    /// Expression over the outcome context giving the failure signature (null: no signature).
-    pub signature: String,
-    pub times: u32,
-    pub to: NodeId,
+/// What a git node does with `with.commits`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum GitOp {
+    CherryPick,
+    /// Applies the commits, then squashes them into one commit.
+    SquashMerge,
+    Rebase,
 }
 
-/// What an agent claims it wrote, checked against the files it changed (tree-sitter).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Claims {
-    /// Language of the files to parse (`python`).
-    pub language: String,
-    /// Expression over `output` giving names that must be defined in the changed files.
-    #[serde(default)]
-    pub defines: Option<String>,
-    /// Expression over `output` giving a list of objects naming a test and the functions it
-    /// claims to exercise: each test must call each function.
-    #[serde(default)]
-    pub exercises: Option<String>,
-    /// Field of an `exercises` item holding the test name.
-    #[serde(default = "test_field")]
-    pub test_field: String,
-    /// Field of an `exercises` item holding the list of function names.
-    #[serde(default = "calls_field")]
-    pub calls_field: String,
+impl GitOp {
+    pub const ALL: &'static [GitOp] = &[GitOp::CherryPick, GitOp::SquashMerge, GitOp::Rebase];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GitOp::CherryPick => "cherry_pick",
+            GitOp::SquashMerge => "squash_merge",
+            GitOp::Rebase => "rebase",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|op| op.name() == name)
+    }
 }
 
-fn test_field() -> String {
-    "test".into()
-}
-fn calls_field() -> String {
-    "calls".into()
+impl Node {
+    pub fn kind(&self) -> NodeKind {
+        match &self.body {
+            NodeBody::Agent(_) => NodeKind::Agent,
+            NodeBody::Command { .. } => NodeKind::Command,
+            NodeBody::Harness { .. } => NodeKind::Harness,
+            NodeBody::Git { .. } => NodeKind::Git,
+            NodeBody::Join { .. } => NodeKind::Join,
+            NodeBody::Fanout { .. } => NodeKind::Fanout,
+            NodeBody::Approval => NodeKind::Approval,
+            NodeBody::Exit { .. } => NodeKind::Exit,
+        }
+    }
+
+    pub fn agent(&self) -> Option<&AgentBody> {
+        match &self.body {
+            NodeBody::Agent(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The static arrivals of a join (none for any other kind).
+    pub fn wait_for(&self) -> &[NodeId] {
+        match &self.body {
+            NodeBody::Join { wait_for } => wait_for,
+            _ => &[],
+        }
+    }
+
+    /// The command templates of a command node (none for any other kind).
+    pub fn commands(&self) -> &[String] {
+        match &self.body {
+            NodeBody::Command { commands } => commands,
+            _ => &[],
+        }
+    }
+
+    /// Whether the worktree's changes become a commit.
+    pub fn commits(&self) -> bool {
+        self.worktree.as_ref().is_some_and(|w| w.commit)
+    }
+
+    /// The op's name, for harness and git nodes.
+    pub fn op_name(&self) -> Option<&'static str> {
+        match &self.body {
+            NodeBody::Harness { op } => Some(op.name()),
+            NodeBody::Git { op } => Some(op.name()),
+            _ => None,
+        }
+    }
 }
 
 impl Graph {
@@ -339,11 +307,9 @@ impl Graph {
             out.push((String::new(), "input_schema", schema.clone()));
         }
         for (id, node) in &self.nodes {
-            if let Some(t) = &node.template {
-                out.push((id.to_string(), "template", t.clone()));
-            }
-            if let Some(s) = &node.output_schema {
-                out.push((id.to_string(), "output_schema", s.clone()));
+            if let Some(a) = node.agent() {
+                out.push((id.to_string(), "template", a.template.clone()));
+                out.push((id.to_string(), "output_schema", a.output_schema.clone()));
             }
         }
         out
@@ -363,8 +329,10 @@ impl Graph {
     }
 }
 
+/// Reads a graph from YAML: the YAML form first (unknown fields refused), then the typed form,
+/// each mistake named with its node and field.
 pub(crate) fn parse(source: &str, yaml: &str) -> Result<Graph, Vec<CheckError>> {
-    serde_yaml::from_str::<Graph>(yaml).map_err(|e| {
+    let raw = serde_yaml::from_str::<RawGraph>(yaml).map_err(|e| {
         let location = e
             .location()
             .map(|l| format!(" (line {}, column {})", l.line(), l.column()))
@@ -375,96 +343,17 @@ pub(crate) fn parse(source: &str, yaml: &str) -> Result<Graph, Vec<CheckError>> 
             "",
             format!("malformed graph{location}: {e}"),
         )]
+    })?;
+    raw.into_graph().map_err(|errs| {
+        errs.into_iter()
+            .map(|e| {
+                CheckError::new(
+                    source,
+                    e.node.as_ref().map(|n| n.as_str()),
+                    &e.field,
+                    e.message,
+                )
+            })
+            .collect()
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(yaml: &str) -> Result<Node, String> {
-        serde_yaml::from_str::<Node>(yaml).map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn a_misspelt_field_of_a_write_scope_is_named() {
-        let e = node("kind: agent\nwrites: {paths: [a], symlink: true}\n").unwrap_err();
-        assert!(e.contains("unknown field `symlink`"), "{e}");
-        let e = serde_json::from_str::<Writes>(r#"{"paths": [], "mode_change": true}"#)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown field `mode_change`"), "{e}");
-        let e = node("kind: agent\nwrites: 3\n").unwrap_err();
-        assert!(e.contains("a list of glob expressions"), "{e}");
-    }
-
-    #[test]
-    fn both_forms_of_a_write_scope_read_as_before() {
-        let short = node("kind: agent\nwrites: [a, \"b ~ '/**'\"]\n").unwrap();
-        assert_eq!(
-            short.writes,
-            Some(Writes::Paths(vec!["a".into(), "b ~ '/**'".into()]))
-        );
-        let full = node("kind: agent\nwrites: {paths: [a], symlinks: true}\n").unwrap();
-        let spec = full.writes.unwrap().spec();
-        assert_eq!(spec.paths, vec!["a".to_string()]);
-        assert!(spec.symlinks && !spec.submodules && !spec.mode_changes);
-        // Round trip through JSON (how a bundle travels).
-        let w = Writes::Full(spec);
-        let back: Writes = serde_json::from_value(serde_json::to_value(&w).unwrap()).unwrap();
-        assert_eq!(back, w);
-        let w = Writes::Paths(vec![]);
-        let back: Writes = serde_json::from_value(serde_json::to_value(&w).unwrap()).unwrap();
-        assert_eq!(back, w);
-    }
-
-    #[test]
-    fn a_bundle_with_an_unknown_field_is_refused_naming_it() {
-        let graph =
-            serde_json::json!({"name": "g", "start": "a", "nodes": {"a": {"kind": "exit"}}});
-        let ok = serde_json::json!({"source": "g.yaml", "graph": graph, "files": {}});
-        assert!(serde_json::from_value::<crate::graph::GraphBundle>(ok.clone()).is_ok());
-        let mut bad = ok.clone();
-        bad["signature"] = serde_json::json!("x");
-        let e = serde_json::from_value::<crate::graph::GraphBundle>(bad)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown field `signature`"), "{e}");
-        let mut bad = ok;
-        bad["graph"]["nodes"]["a"]["timeout"] = serde_json::json!(5);
-        let e = serde_json::from_value::<crate::graph::GraphBundle>(bad)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown field `timeout`"), "{e}");
-    }
-
-    #[test]
-    fn unknown_fields_anywhere_in_a_graph_are_named() {
-        let cases = [
-            ("name: g\nstart: a\nnodes: {}\nversion: 2\n", "version"),
-            ("name: g\nstart: a\ndefaults: {imag: x}\nnodes: {}\n", "imag"),
-            ("name: g\nstart: a\nnodes: {a: {kind: exit, retries: 1}}\n", "retries"),
-            (
-                "name: g\nstart: a\nnodes: {a: {kind: exit, routes: [{to: a, wen: x}]}}\n",
-                "wen",
-            ),
-            (
-                "name: g\nstart: a\nnodes: {a: {kind: agent, worktree: {from: base, comit: true}}}\n",
-                "comit",
-            ),
-            (
-                "name: g\nstart: a\nnodes: {a: {kind: agent, stuck: {signature: x, times: 2, to: a, after: 1}}}\n",
-                "after",
-            ),
-            (
-                "name: g\nstart: a\nnodes: {a: {kind: agent, claims: {language: python, define: x}}}\n",
-                "define",
-            ),
-        ];
-        for (yaml, field) in cases {
-            let e = parse("g.yaml", yaml).unwrap_err();
-            let text = e[0].to_string();
-            assert!(text.contains(&format!("unknown field `{field}`")), "{text}");
-        }
-    }
 }

@@ -8,7 +8,7 @@ use crate::harness::{Artifacts, StepOutcome};
 use crate::sandbox::disk;
 use crate::sandbox::{SandboxError, SandboxSpec, Session};
 use serde_json::{json, Value};
-use shared::graph::{NodeKind, WorktreeMode};
+use shared::graph::{NodeBody, NodeKind, WorktreeMode};
 use shared::messages::{JobSpec, JobStatus, Usage};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -81,18 +81,9 @@ impl Runner {
             crate::safe_fs::blocking(move || hand_over(&mount, &user)).await;
         }
 
-        let needs_container = match spec.kind {
-            NodeKind::Agent | NodeKind::Command => true,
-            NodeKind::Harness => matches!(
-                node.op.as_deref(),
-                Some(
-                    "factory_verify"
-                        | "run_tests"
-                        | "check_skeleton"
-                        | "check_build"
-                        | "run_mutants"
-                )
-            ),
+        let needs_container = match &node.body {
+            NodeBody::Agent(_) | NodeBody::Command { .. } => true,
+            NodeBody::Harness { op } => op.runs_in_container(),
             _ => false,
         };
         let timeout = Duration::from_secs(spec.timeout_seconds);

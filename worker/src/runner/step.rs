@@ -11,7 +11,7 @@ use crate::tools::ToolBox;
 use crate::{mutation, verify};
 use serde_json::{json, Value};
 use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
-use shared::graph::{GraphBundle, NodeKind};
+use shared::graph::{GraphBundle, HarnessOp, NodeBody};
 use shared::messages::{JobSpec, JobStatus, Usage};
 use shared::paths::normalize_relative;
 use std::path::Path;
@@ -32,11 +32,19 @@ impl Runner {
         let harness_dir = dir.join("harness");
         let seed = format!("{}:{}", spec.job_id, spec.attempt);
         let no_worktree = || RunError::Permanent(format!("node `{}` needs a worktree", spec.node));
-        match spec.kind {
-            NodeKind::Agent => {
+        if node.kind() != spec.kind {
+            return Err(RunError::Permanent(format!(
+                "the job names node `{}` as a {:?} node; the graph has a {:?} node",
+                spec.node,
+                spec.kind,
+                node.kind()
+            )));
+        }
+        match &node.body {
+            NodeBody::Agent(agent_node) => {
                 let session = session.expect("agents run in a container");
-                let template_path = node.template.as_deref().unwrap_or_default();
-                let schema_path = node.output_schema.as_deref().unwrap_or_default();
+                let template_path = agent_node.template.as_str();
+                let schema_path = agent_node.output_schema.as_str();
                 let schema: Value = serde_json::from_str(bundle.file(schema_path).unwrap_or("{}"))
                     .map_err(|e| {
                         RunError::Permanent(format!(
@@ -76,7 +84,7 @@ impl Runner {
                     schema: &schema,
                     tools: ToolBox {
                         session,
-                        allowed: &node.tools,
+                        allowed: &agent_node.tools,
                         command_timeout: Duration::from_secs(120).min(timeout),
                     },
                 };
@@ -87,7 +95,7 @@ impl Runner {
                 let mut out =
                     agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await;
                 if out.status == JobStatus::Ok {
-                    if let (Some(claims), Some(wt)) = (&node.claims, wt) {
+                    if let (Some(claims), Some(wt)) = (&agent_node.claims, wt) {
                         let since = spec.worktree.as_ref().and_then(|w| w.run_base.as_deref());
                         let (claims, since) = (claims.clone(), since.map(str::to_string));
                         out = wt
@@ -109,16 +117,16 @@ impl Runner {
                     out.usage,
                 ))
             }
-            NodeKind::Command => {
+            NodeBody::Command { .. } => {
                 let session = session.expect("commands run in a container");
                 Ok((
                     harness::commands(&spec.commands, timeout, session, art).await?,
                     Usage::default(),
                 ))
             }
-            NodeKind::Harness => {
-                let step = match node.op.as_deref() {
-                    Some("apply_patch") => {
+            NodeBody::Harness { op } => {
+                let step = match op {
+                    HarnessOp::ApplyPatch => {
                         harness::apply_patch(
                             &spec.params,
                             spec.write_scope.as_ref(),
@@ -127,7 +135,7 @@ impl Runner {
                         )
                         .await?
                     }
-                    Some("factory_verify") => {
+                    HarnessOp::FactoryVerify => {
                         let session = session.expect("verification runs in a container");
                         harness::factory_verify(
                             &spec.params,
@@ -137,7 +145,7 @@ impl Runner {
                         )
                         .await?
                     }
-                    Some("run_tests") => {
+                    HarnessOp::RunTests => {
                         let place = verify::RunPlace {
                             session: session.expect("tests run in a container"),
                             wt: wt.ok_or_else(no_worktree)?,
@@ -145,12 +153,12 @@ impl Runner {
                         };
                         verify::run_tests(&spec.params, &place, &seed, art).await?
                     }
-                    Some("check_build") => {
+                    HarnessOp::CheckBuild => {
                         let session = session.expect("the build runs in a container");
                         let root = wt.ok_or_else(no_worktree)?.dir.clone();
                         verify::check_build(&spec.params, &root, session, art).await?
                     }
-                    Some("generate_mutants") => {
+                    HarnessOp::GenerateMutants => {
                         let params = spec.params.clone();
                         let step = wt
                             .ok_or_else(no_worktree)?
@@ -159,7 +167,7 @@ impl Runner {
                         art.put_json("mutants.json", &step.output).await?;
                         step
                     }
-                    Some("run_mutants") => {
+                    HarnessOp::RunMutants => {
                         let place = verify::RunPlace {
                             session: session.expect("mutants run in a container"),
                             wt: wt.ok_or_else(no_worktree)?,
@@ -167,12 +175,12 @@ impl Runner {
                         };
                         mutation::run(&spec.params, &place, &seed, art).await?
                     }
-                    Some("tally_mutants") => {
+                    HarnessOp::TallyMutants => {
                         let step = mutation::tally(&spec.params);
                         art.put_json("mutation_tally.json", &step.output).await?;
                         step
                     }
-                    Some("check_skeleton") => {
+                    HarnessOp::CheckSkeleton => {
                         let session = session.expect("the build runs in a container");
                         harness::check_skeleton(
                             &spec.params,
@@ -182,30 +190,27 @@ impl Runner {
                         )
                         .await?
                     }
-                    Some("noop") => StepOutcome {
+                    HarnessOp::Noop => StepOutcome {
                         status: JobStatus::Ok,
                         output: json!({}),
                         error: None,
                     },
-                    other => StepOutcome {
-                        status: JobStatus::Error,
-                        output: Value::Null,
-                        error: Some(format!("unknown harness op {other:?}")),
-                    },
                 };
                 Ok((step, Usage::default()))
             }
-            NodeKind::Git => {
-                let op = node.op.as_deref().unwrap_or_default();
+            NodeBody::Git { op } => {
                 let wt = wt.ok_or_else(no_worktree)?;
-                let (op, job) = (op.to_string(), spec.clone());
+                let (op, job) = (*op, spec.clone());
                 let step = wt
-                    .blocking(move |wt| harness::git_step(&op, &job.params, &job, wt))
+                    .blocking(move |wt| harness::git_step(op, &job.params, &job, wt))
                     .await?;
                 art.put_json("git_result.json", &step.output).await?;
                 Ok((step, Usage::default()))
             }
-            NodeKind::Exit | NodeKind::Join | NodeKind::Fanout | NodeKind::Approval => Ok((
+            NodeBody::Exit { .. }
+            | NodeBody::Join { .. }
+            | NodeBody::Fanout { .. }
+            | NodeBody::Approval => Ok((
                 StepOutcome {
                     status: JobStatus::Error,
                     output: Value::Null,

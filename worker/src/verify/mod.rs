@@ -66,10 +66,10 @@ pub struct TestRunParams {
     pub timeout_seconds: u64,
 }
 
-fn python() -> String {
+pub(crate) fn python() -> String {
     "python".into()
 }
-fn default_timeout() -> u64 {
+pub(crate) fn default_timeout() -> u64 {
     600
 }
 

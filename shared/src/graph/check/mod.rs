@@ -92,7 +92,7 @@ pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
     if !g.nodes.contains_key(&g.start) {
         err(None, "start", format!("unknown node `{}`", g.start));
     }
-    if !g.nodes.values().any(|n| n.kind == NodeKind::Exit) {
+    if !g.nodes.values().any(|n| n.kind() == NodeKind::Exit) {
         err(None, "nodes", "the graph has no exit node".to_string());
     }
     if let Some(prepare) = &g.prepare {
@@ -159,18 +159,6 @@ pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
     }
 }
 
-/// Harness steps a worker knows how to run.
-pub const HARNESS_OPS: &[&str] = &[
-    "apply_patch",
-    "factory_verify",
-    "noop",
-    "run_tests",
-    "check_skeleton",
-    "check_build",
-    "generate_mutants",
-    "run_mutants",
-    "tally_mutants",
-];
 pub(super) fn schema_check(bundle: &GraphBundle, path: &str) -> Result<(), String> {
     let text = bundle
         .file(path)

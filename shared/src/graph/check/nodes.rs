@@ -1,10 +1,11 @@
-//! One node's checks: its routes and expressions, worktree and write scope, budgets, stuck
-//! detection, observers, sessions and claims, and the fields each node kind requires or
-//! forbids.
+//! One node's checks against the rest of the graph and its bundle: routes and expressions,
+//! worktree and write scope, budgets, stuck detection, observers, and what each kind's body
+//! names (templates, schemas, sessions, claims, joins, fan-outs). Which fields a kind has, and
+//! its ops, were settled when the graph was read (`graph::raw`).
 
-use super::{schema_check, HARNESS_OPS, RESERVED, WORKER_VARS};
+use super::{schema_check, RESERVED, WORKER_VARS};
 use crate::expr;
-use crate::graph::{GraphBundle, Node, NodeKind};
+use crate::graph::{GraphBundle, Node, NodeBody, NodeKind};
 use crate::ids::NodeId;
 use std::collections::BTreeSet;
 
@@ -47,7 +48,7 @@ pub(super) fn check_node(
                     "worktree.from",
                     format!("`{from}` is neither `base` nor a node"),
                 ),
-                Some(src) if !src.worktree.as_ref().is_some_and(|w| w.commit) => err(
+                Some(src) if !src.commits() => err(
                     Some(id),
                     "worktree.from",
                     format!("node `{from}` does not commit its worktree"),
@@ -63,14 +64,15 @@ pub(super) fn check_node(
             );
         }
     }
-    let commits = node.worktree.as_ref().is_some_and(|w| w.commit);
+    let commits = node.commits();
+    let kind = node.kind();
     match &node.writes {
-        None if commits && node.kind != NodeKind::Git => err(
+        None if commits && kind != NodeKind::Git => err(
             Some(id),
             "writes",
             "a node whose worktree commits needs a write scope (`writes`: the paths it may change; `[]` for none)".into(),
         ),
-        Some(_) if !commits || node.kind == NodeKind::Git => err(
+        Some(_) if !commits || kind == NodeKind::Git => err(
             Some(id),
             "writes",
             "only a node whose worktree commits has a write scope (git nodes pick commits already checked)".into(),
@@ -90,13 +92,13 @@ pub(super) fn check_node(
         }
     }
 
-    let terminal = node.kind == NodeKind::Exit;
+    let terminal = kind == NodeKind::Exit;
     if terminal && !node.routes.is_empty() {
         err(Some(id), "routes", "an exit node has no routes".into());
     }
     let routeless_ok = !node.observes.is_empty()
         || (node.advisory && node.routes.is_empty())
-        || node.kind == NodeKind::Fanout;
+        || kind == NodeKind::Fanout;
     if !terminal && !routeless_ok {
         match node.routes.last() {
             None => err(Some(id), "routes", "a node needs at least one route".into()),
@@ -139,144 +141,91 @@ pub(super) fn check_node(
             err(Some(id), "observes", format!("unknown node `{o}`"));
         }
     }
-    if let Some(c) = &node.continues {
-        match g.nodes.get(c) {
-            Some(n) if n.kind == NodeKind::Agent => {}
-            Some(_) => err(Some(id), "continues", format!("`{c}` is not an agent node")),
-            None => err(Some(id), "continues", format!("unknown node `{c}`")),
-        }
-        if node.kind != NodeKind::Agent {
-            err(
-                Some(id),
-                "continues",
-                "only agent nodes continue sessions".into(),
-            );
-        }
-    }
-    if let Some(claims) = &node.claims {
-        if !crate::graph::claims_languages().contains(&claims.language.as_str()) {
-            err(
-                Some(id),
-                "claims.language",
-                format!("no claim checker for `{}`", claims.language),
-            );
-        }
-        for (f, e) in [
-            ("claims.defines", &claims.defines),
-            ("claims.exercises", &claims.exercises),
-        ] {
-            if let Some(e) = e {
-                if let Err(e) = expr::compile_check(e) {
-                    err(Some(id), f, e.to_string());
-                }
-            }
-        }
-    }
-
-    let forbid = |field: &str, present: bool, err: &mut dyn FnMut(&str, String)| {
-        if present {
-            err(
-                field,
-                format!("not allowed on a {:?} node", node.kind).to_lowercase(),
-            );
-        }
-    };
     let mut e2 = |field: &str, msg: String| err(Some(id), field, msg);
-    match node.kind {
-        NodeKind::Agent => {
-            match &node.template {
-                None => e2("template", "required for an agent node".into()),
-                Some(path) => match bundle.file(path) {
-                    None => e2("template", format!("`{path}` not in the bundle")),
-                    Some(text) => match expr::template_variables(path, text) {
-                        Err(e) => e2("template", e.to_string()),
-                        Ok(vars) => {
-                            let unknown: Vec<_> = vars
-                                .iter()
-                                .filter(|v| !provided.contains(*v) && !node.with.contains_key(*v))
-                                .cloned()
-                                .collect();
-                            if !unknown.is_empty() {
-                                e2(
-                                    "template",
-                                    format!(
-                                        "`{path}` uses variables nobody provides: {}",
-                                        unknown.join(", ")
-                                    ),
-                                );
-                            }
+    match &node.body {
+        NodeBody::Agent(agent) => {
+            let path = &agent.template;
+            match bundle.file(path) {
+                None => e2("template", format!("`{path}` not in the bundle")),
+                Some(text) => match expr::template_variables(path, text) {
+                    Err(e) => e2("template", e.to_string()),
+                    Ok(vars) => {
+                        let unknown: Vec<_> = vars
+                            .iter()
+                            .filter(|v| !provided.contains(*v) && !node.with.contains_key(*v))
+                            .cloned()
+                            .collect();
+                        if !unknown.is_empty() {
+                            e2(
+                                "template",
+                                format!(
+                                    "`{path}` uses variables nobody provides: {}",
+                                    unknown.join(", ")
+                                ),
+                            );
                         }
-                    },
+                    }
                 },
             }
-            match &node.output_schema {
-                None => e2("output_schema", "required for an agent node".into()),
-                Some(path) => {
-                    if let Err(e) = schema_check(bundle, path) {
-                        e2("output_schema", e);
-                    }
-                }
+            if let Err(e) = schema_check(bundle, &agent.output_schema) {
+                e2("output_schema", e);
             }
-            if let Some(c) = &node.context_files {
+            if let Some(c) = &agent.context_files {
                 if let Err(e) = expr::compile_check(c) {
                     e2("context_files", e.to_string());
                 }
             }
-            forbid("commands", !node.commands.is_empty(), &mut e2);
-            forbid("op", node.op.is_some(), &mut e2);
-        }
-        NodeKind::Command => {
-            if node.commands.is_empty() {
-                e2(
-                    "commands",
-                    "a command node needs at least one command".into(),
-                );
+            if let Some(c) = &agent.continues {
+                match g.nodes.get(c) {
+                    Some(n) if n.kind() == NodeKind::Agent => {}
+                    Some(_) => e2("continues", format!("`{c}` is not an agent node")),
+                    None => e2("continues", format!("unknown node `{c}`")),
+                }
             }
-            for c in &node.commands {
+            if let Some(claims) = &agent.claims {
+                if !crate::graph::claims_languages().contains(&claims.language.as_str()) {
+                    e2(
+                        "claims.language",
+                        format!("no claim checker for `{}`", claims.language),
+                    );
+                }
+                for (f, e) in [
+                    ("claims.defines", &claims.defines),
+                    ("claims.exercises", &claims.exercises),
+                ] {
+                    if let Some(e) = e {
+                        if let Err(e) = expr::compile_check(e) {
+                            e2(f, e.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        NodeBody::Command { commands } => {
+            for c in commands {
                 if let Err(e) = expr::template_variables("command", c) {
                     e2("commands", e.to_string());
                 }
             }
-            forbid("template", node.template.is_some(), &mut e2);
         }
-        NodeKind::Harness => match node.op.as_deref() {
-            None => e2("op", "required for a harness node".into()),
-            Some(op) if !HARNESS_OPS.contains(&op) => e2(
-                "op",
-                format!(
-                    "unknown harness op `{op}` (known: {})",
-                    HARNESS_OPS.join(", ")
-                ),
-            ),
-            _ => {}
-        },
-        NodeKind::Exit => {
-            if let Some(s) = &node.status {
-                if let Err(e) = expr::compile_check(s) {
-                    e2("status", e.to_string());
-                }
-            } else {
-                e2("status", "an exit node needs a `status` expression".into());
+        NodeBody::Harness { .. } | NodeBody::Approval => {}
+        NodeBody::Exit { status, .. } => {
+            if let Err(e) = expr::compile_check(status) {
+                e2("status", e.to_string());
             }
-            if let Some(r) = &node.result {
-                if !crate::builtins::is_assembler(r) {
-                    e2("result", format!("unknown result assembler `{r}`"));
-                }
-            }
-            forbid("worktree", node.worktree.is_some(), &mut e2);
         }
-        NodeKind::Join => {
+        NodeBody::Join { wait_for } => {
             let fed_by_fanout = g
                 .nodes
                 .values()
-                .any(|n| n.kind == NodeKind::Fanout && n.join.as_ref() == Some(id));
-            if node.wait_for.is_empty() && !fed_by_fanout {
+                .any(|n| matches!(&n.body, NodeBody::Fanout { join, .. } if join == id));
+            if wait_for.is_empty() && !fed_by_fanout {
                 e2(
                     "wait_for",
                     "a join waits for at least one node (or is a fan-out's join)".into(),
                 );
             }
-            for w in &node.wait_for {
+            for w in wait_for {
                 match g.nodes.get(w) {
                     None => e2("wait_for", format!("unknown node `{w}`")),
                     Some(n) if !n.routes.iter().any(|r| r.to.nodes().contains(&id)) => e2(
@@ -286,48 +235,24 @@ pub(super) fn check_node(
                     _ => {}
                 }
             }
-            forbid("worktree", node.worktree.is_some(), &mut e2);
         }
-        NodeKind::Fanout => {
-            match &node.over {
-                None => e2("over", "a fan-out needs the list expression `over`".into()),
-                Some(o) => {
-                    if let Err(e) = expr::compile_check(o) {
-                        e2("over", e.to_string());
-                    }
-                }
+        NodeBody::Fanout { over, body, join } => {
+            if let Err(e) = expr::compile_check(over) {
+                e2("over", e.to_string());
             }
-            match &node.body {
-                None => e2("body", "a fan-out needs a `body` node".into()),
-                Some(b) if !g.nodes.contains_key(b) => e2("body", format!("unknown node `{b}`")),
-                _ => {}
+            if !g.nodes.contains_key(body) {
+                e2("body", format!("unknown node `{body}`"));
             }
-            match &node.join {
-                None => e2(
-                    "join",
-                    "a fan-out needs the `join` where its branches meet".into(),
-                ),
-                Some(j) => match g.nodes.get(j) {
-                    Some(n) if n.kind == NodeKind::Join => {}
-                    _ => e2("join", format!("`{j}` is not a join node")),
-                },
+            match g.nodes.get(join) {
+                Some(n) if n.kind() == NodeKind::Join => {}
+                _ => e2("join", format!("`{join}` is not a join node")),
             }
         }
-        NodeKind::Approval => {
-            forbid("worktree", node.worktree.is_some(), &mut e2);
-        }
-        NodeKind::Git => {
-            match node.op.as_deref() {
-                Some("cherry_pick" | "squash_merge" | "rebase") => {}
-                other => e2(
-                    "op",
-                    format!("git nodes run cherry_pick, squash_merge or rebase, not {other:?}"),
-                ),
-            }
+        NodeBody::Git { .. } => {
             if !node.with.contains_key("commits") {
                 e2("with.commits", "required: the commits to apply".into());
             }
-            if !node.worktree.as_ref().is_some_and(|w| w.commit) {
+            if !commits {
                 e2(
                     "worktree",
                     "a git node needs a worktree with `commit: true`".into(),

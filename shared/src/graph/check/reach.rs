@@ -1,7 +1,7 @@
 //! Walking the graph: the successors of a node, what is reachable from a node, and the loops
 //! (strongly connected components) that need a visit budget.
 
-use crate::graph::{Graph, Node};
+use crate::graph::{Graph, Node, NodeBody};
 use crate::ids::NodeId;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,8 +11,10 @@ fn successors(node: &Node) -> impl Iterator<Item = &NodeId> {
     node.routes
         .iter()
         .flat_map(|r| r.to.nodes())
-        .chain(node.body.iter())
-        .chain(node.join.iter())
+        .chain(match &node.body {
+            NodeBody::Fanout { body, join, .. } => vec![body, join],
+            _ => vec![],
+        })
         .chain(node.budget_exit.iter())
         .chain(node.stuck.iter().map(|s| &s.to))
 }

@@ -1,0 +1,171 @@
+//! The parts a node is made of, shared by the YAML form and the typed form: tools, worktree
+//! use, route targets, write scopes, stuck detection and claims.
+
+use crate::ids::NodeId;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Tool {
+    ReadFile,
+    ListDir,
+    WriteFile,
+    EditFile,
+    RunCommand,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WorktreeMode {
+    #[default]
+    Ro,
+    Rw,
+}
+
+/// Which commit a node's worktree starts from, and whether its changes become a new commit.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorktreeUse {
+    /// `base` (the run's baseline commit), the name of a node whose commit to start from, or a
+    /// list of nodes: the one that finished last wins (a loop's latest commit).
+    #[serde(default = "base")]
+    pub from: Targets,
+    #[serde(default)]
+    pub mode: WorktreeMode,
+    /// Commit the worktree's changes after the job and hand the commit to later nodes.
+    #[serde(default)]
+    pub commit: bool,
+}
+
+fn base() -> Targets {
+    Targets::One(NodeId::new("base"))
+}
+
+/// One target or several (a fork: every target starts, in parallel).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Targets {
+    One(NodeId),
+    Many(Vec<NodeId>),
+}
+
+impl Targets {
+    pub fn nodes(&self) -> Vec<&NodeId> {
+        match self {
+            Targets::One(n) => vec![n],
+            Targets::Many(ns) => ns.iter().collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.nodes().iter().map(|n| n.to_string()).collect();
+        f.write_str(&names.join(", "))
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub to: Targets,
+    /// Expression over the run context; absent means always.
+    #[serde(default)]
+    pub when: Option<String>,
+}
+
+/// A write scope as written in the graph: expressions over the run context, each giving one glob
+/// or a list of globs (`input.spec.impl_path`, `input.work_order.allowed_files`), either as a
+/// bare list or with the special kinds of change the node may also make. Read by hand rather
+/// than as an untagged enum, so a misspelt field of the long form is named in the error.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum Writes {
+    Paths(Vec<String>),
+    Full(WritesSpec),
+}
+
+impl<'de> Deserialize<'de> for Writes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+        struct Shape;
+        impl<'de> serde::de::Visitor<'de> for Shape {
+            type Value = Writes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a list of glob expressions, or {paths, symlinks, submodules, mode_changes}",
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Writes, A::Error> {
+                Vec::<String>::deserialize(SeqAccessDeserializer::new(seq)).map(Writes::Paths)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Writes, A::Error> {
+                WritesSpec::deserialize(MapAccessDeserializer::new(map)).map(Writes::Full)
+            }
+        }
+        d.deserialize_any(Shape)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WritesSpec {
+    pub paths: Vec<String>,
+    #[serde(default)]
+    pub symlinks: bool,
+    #[serde(default)]
+    pub submodules: bool,
+    #[serde(default)]
+    pub mode_changes: bool,
+}
+
+impl Writes {
+    pub fn spec(&self) -> WritesSpec {
+        match self {
+            Writes::Paths(paths) => WritesSpec {
+                paths: paths.clone(),
+                symlinks: false,
+                submodules: false,
+                mode_changes: false,
+            },
+            Writes::Full(s) => s.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Stuck {
+    /// Expression over the outcome context giving the failure signature (null: no signature).
+    pub signature: String,
+    pub times: u32,
+    pub to: NodeId,
+}
+
+/// What an agent claims it wrote, checked against the files it changed (tree-sitter).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Claims {
+    /// Language of the files to parse (`python`).
+    pub language: String,
+    /// Expression over `output` giving names that must be defined in the changed files.
+    #[serde(default)]
+    pub defines: Option<String>,
+    /// Expression over `output` giving a list of objects naming a test and the functions it
+    /// claims to exercise: each test must call each function.
+    #[serde(default)]
+    pub exercises: Option<String>,
+    /// Field of an `exercises` item holding the test name.
+    #[serde(default = "test_field")]
+    pub test_field: String,
+    /// Field of an `exercises` item holding the list of function names.
+    #[serde(default = "calls_field")]
+    pub calls_field: String,
+}
+
+fn test_field() -> String {
+    "test".into()
+}
+fn calls_field() -> String {
+    "calls".into()
+}
