@@ -7,5 +7,6 @@ pub mod cli;
 pub mod driver;
 pub mod embedded;
 pub mod metrics;
+pub mod openapi;
 pub mod store;
 pub mod submit;

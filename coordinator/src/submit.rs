@@ -17,9 +17,10 @@ use std::path::Path;
 use thiserror::Error;
 use worker::git::{pack_repository, GitError};
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
+    #[schema(value_type = Object)]
     pub graph: GraphBundle,
     pub input: Value,
     /// A path the coordinator can open (the seed's product repo).
@@ -234,7 +235,7 @@ fn agent_exceeds(agent: &AgentConfig, graph: &Graph) -> Option<String> {
     let agents: Vec<&str> = graph
         .nodes
         .iter()
-        .filter(|(_, n)| n.kind == NodeKind::Agent)
+        .filter(|(_, n)| n.kind() == NodeKind::Agent)
         .map(|(id, _)| id.as_str())
         .collect();
     let llm = match agent {
@@ -324,14 +325,17 @@ mod tests {
 
     fn graph(start: &str) -> Graph {
         serde_yaml::from_str(&format!(
-            "name: g\nstart: {start}\nnodes:\n  a: {{kind: agent, template: t.j2}}\n  \
-             b: {{kind: agent, template: t.j2}}\n  c: {{kind: command}}\n"
+            "name: g\nstart: {start}\nnodes:\n  \
+             a: {{kind: agent, template: t.j2, output_schema: s.json}}\n  \
+             b: {{kind: agent, template: t.j2, output_schema: s.json}}\n  \
+             c: {{kind: command, commands: [x]}}\n"
         ))
         .expect("a graph")
     }
 
     fn no_agents() -> Graph {
-        serde_yaml::from_str("name: g\nstart: c\nnodes:\n  c: {kind: command}\n").expect("a graph")
+        serde_yaml::from_str("name: g\nstart: c\nnodes:\n  c: {kind: command, commands: [x]}\n")
+            .expect("a graph")
     }
 
     fn script(entries: &[(&str, usize)]) -> AgentConfig {

@@ -7,6 +7,7 @@ macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(utoipa::ToSchema)]
         #[serde(transparent)]
         pub struct $name(String);
 

@@ -1,11 +1,12 @@
 //! The result inbox: consumes job results and dead-lettered jobs, queues them per run and
 //! applies each run's queue in one batch (a group commit), acking only after the commit and
-//! its mirror.
+//! its mirror. A message on the results queue is a `ResultMessage` (a start notice or a
+//! result), read by `ResultMessage::decode` alone; one it cannot read is dead-lettered.
 
 use super::{now, Coordinator, DriverError};
 use shared::engine::Event;
 use shared::ids::RunId;
-use shared::messages::{JobEnvelope, JobResult, ResultEnvelope, WIRE_VERSION};
+use shared::messages::{JobEnvelope, JobResult, ResultMessage, WIRE_VERSION};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,7 @@ pub(super) struct Inbox {
     flushing: HashSet<RunId>,
 }
 
+#[derive(Debug)]
 enum HandleError {
     Poison(String),
     Transient(String),
@@ -47,14 +49,7 @@ impl Coordinator {
             for msg in batch {
                 match self.decode(queue, &msg.body).await {
                     Ok((run, event)) => by_run.entry(run).or_default().push((event, msg)),
-                    Err(HandleError::Poison(reason)) => {
-                        error!(queue = ?queue, %reason, "dropping a poison message");
-                        let _ = msg.reject().await;
-                    }
-                    Err(HandleError::Transient(reason)) => {
-                        warn!(queue = ?queue, %reason, "could not read a message; requeueing");
-                        let _ = msg.requeue().await;
-                    }
+                    Err(e) => refuse(queue, msg, e).await,
                 }
             }
             for (run, items) in by_run {
@@ -134,18 +129,18 @@ impl Coordinator {
     async fn decode(&self, queue: QueueName, body: &[u8]) -> Result<(RunId, Event), HandleError> {
         match queue {
             QueueName::Results => {
-                let env: ResultEnvelope =
-                    serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
-                check_wire_version(env.v)?;
-                if let Some(worker) = env.started {
-                    let event = Event::JobStarted {
-                        job_id: env.job_id,
-                        attempt: env.attempt,
-                        worker,
-                        at: now(),
-                    };
-                    return Ok((env.run_id, event));
-                }
+                let env = match read_result(body)? {
+                    ResultMessage::Started(notice) => {
+                        let event = Event::JobStarted {
+                            job_id: notice.job_id,
+                            attempt: notice.attempt,
+                            worker: notice.worker,
+                            at: now(),
+                        };
+                        return Ok((notice.run_id, event));
+                    }
+                    ResultMessage::Finished(env) => env,
+                };
                 let result: JobResult = match env.result {
                     Some(inline) => *inline,
                     None => self
@@ -190,6 +185,27 @@ impl Coordinator {
     }
 }
 
+/// Settles a message that was not read: poison is dead-lettered with its reason in the log, a
+/// message that may read next time (its result unreachable) is requeued.
+async fn refuse(queue: QueueName, msg: Incoming, e: HandleError) {
+    match e {
+        HandleError::Poison(reason) => {
+            error!(queue = ?queue, %reason, "dropping a poison message");
+            let _ = msg.reject().await;
+        }
+        HandleError::Transient(reason) => {
+            warn!(queue = ?queue, %reason, "could not read a message; requeueing");
+            let _ = msg.requeue().await;
+        }
+    }
+}
+
+/// A message on the results queue that does not read as a `ResultMessage` of this wire version
+/// (junk, another version, an unknown kind) is poison.
+fn read_result(body: &[u8]) -> Result<ResultMessage, HandleError> {
+    ResultMessage::decode(body).map_err(|e| HandleError::Poison(e.to_string()))
+}
+
 /// A message of another wire version is not guessed at: it is refused as poison (dead-lettered
 /// with its reason in the log), so a mixed-version fleet fails loudly instead of misreading.
 fn check_wire_version(v: u32) -> Result<(), HandleError> {
@@ -199,5 +215,91 @@ fn check_wire_version(v: u32) -> Result<(), HandleError> {
         Err(HandleError::Poison(format!(
             "wire version {v}; this coordinator speaks {WIRE_VERSION}"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+    use serde_json::json;
+    use std::sync::Mutex;
+    use worker::queue::Acker;
+
+    /// Records how a message was settled.
+    struct Settled(Arc<Mutex<Vec<&'static str>>>);
+
+    #[async_trait]
+    impl Acker for Settled {
+        async fn ack(self: Box<Self>) -> Result<(), shared::ports::PortError> {
+            self.0.lock().unwrap().push("ack");
+            Ok(())
+        }
+        async fn requeue(
+            self: Box<Self>,
+            _: Vec<u8>,
+            _: u32,
+        ) -> Result<(), shared::ports::PortError> {
+            self.0.lock().unwrap().push("requeue");
+            Ok(())
+        }
+        async fn reject(
+            self: Box<Self>,
+            _: Vec<u8>,
+            _: u32,
+        ) -> Result<(), shared::ports::PortError> {
+            self.0.lock().unwrap().push("reject");
+            Ok(())
+        }
+    }
+
+    fn notice(v: u32, kind: &str) -> Vec<u8> {
+        json!({"v": v, "kind": kind, "job_id": "r1.a.1", "run_id": "r1", "attempt": 1,
+               "worker": "w1"})
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn start_notices_and_results_are_read_by_their_kind() {
+        match read_result(&notice(WIRE_VERSION, "started")) {
+            Ok(ResultMessage::Started(n)) => {
+                assert_eq!((n.run_id.as_str(), n.worker.as_str()), ("r1", "w1"))
+            }
+            other => panic!("a start notice: {other:?}"),
+        }
+        let finished = json!({"v": WIRE_VERSION, "kind": "finished", "job_id": "r1.a.1",
+                              "run_id": "r1", "attempt": 1, "result_ref": "blobs/abc"});
+        match read_result(finished.to_string().as_bytes()) {
+            Ok(ResultMessage::Finished(e)) => assert_eq!(e.result_ref, "blobs/abc"),
+            other => panic!("a result: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unknown_kind_another_version_or_junk_is_dead_lettered() {
+        let unknown = notice(WIRE_VERSION, "paused");
+        let later = notice(WIRE_VERSION + 1, "started");
+        for (body, why) in [
+            (unknown, "unknown result message kind `paused`".to_string()),
+            (later, format!("wire version {}", WIRE_VERSION + 1)),
+            (b"{}".to_vec(), "not a result message".to_string()),
+        ] {
+            let Err(e) = read_result(&body) else {
+                panic!("read: {}", String::from_utf8_lossy(&body))
+            };
+            assert!(
+                matches!(&e, HandleError::Poison(r) if r.contains(&why)),
+                "{e:?}"
+            );
+            let settled = Arc::new(Mutex::new(Vec::new()));
+            let msg = Incoming {
+                body,
+                delivery_count: 0,
+                acker: Box::new(Settled(settled.clone())),
+            };
+            refuse(QueueName::Results, msg, e).await;
+            assert_eq!(*settled.lock().unwrap(), vec!["reject"]);
+        }
     }
 }

@@ -171,13 +171,34 @@ impl Fixture {
     /// The results published so far (the memory broker forwards them on a task of its own).
     async fn results(&mut self) -> Vec<JobResult> {
         let mut out = Vec::new();
+        for m in self.messages().await {
+            match m {
+                ResultMessage::Finished(env) => {
+                    out.push(*env.result.expect("small results ride inline"))
+                }
+                ResultMessage::Started(n) => panic!("a start notice nobody asked for: {n:?}"),
+            }
+        }
+        out
+    }
+
+    /// Every message published on the results queue so far.
+    async fn messages(&mut self) -> Vec<ResultMessage> {
+        let mut out = Vec::new();
         while let Ok(Some(m)) =
             tokio::time::timeout(Duration::from_millis(300), self.results.recv()).await
         {
-            let env: ResultEnvelope = serde_json::from_slice(&m.body).unwrap();
-            out.push(*env.result.expect("small results ride inline"));
+            out.push(ResultMessage::decode(&m.body).expect("a result message"));
         }
         out
+    }
+
+    /// The job asks for a start notice (`JobSpec::notify_start`).
+    fn announcing(mut self) -> Self {
+        let mut env: JobEnvelope = serde_json::from_slice(&self.envelope).unwrap();
+        env.spec.as_mut().expect("an inline spec").notify_start = true;
+        self.envelope = serde_json::to_vec(&env).unwrap();
+        self
     }
 
     /// Nothing comes back to the jobs queue (a requeue would, after 500 ms).
@@ -196,6 +217,24 @@ impl Fixture {
             .deliveries
             .with_label_values(&[how])
             .get()
+    }
+}
+
+#[tokio::test]
+async fn a_job_that_asks_announces_its_start_before_its_result() {
+    let mut f = fixture(FakeSandbox::default()).await.announcing();
+    f.sandbox.gate.add_permits(100);
+    let msg = f.deliver().await;
+    handle(&f.runner, f.broker.as_ref(), &Executions::default(), msg).await;
+    match f.messages().await.as_slice() {
+        [ResultMessage::Started(notice), ResultMessage::Finished(env)] => {
+            assert_eq!(notice.v, WIRE_VERSION);
+            assert_eq!(notice.worker, "w1");
+            assert_eq!((notice.job_id.as_str(), notice.attempt), ("r1.a.1", 1));
+            assert_eq!(notice.run_id, env.run_id);
+            assert_eq!(env.result.as_ref().map(|r| r.status), Some(JobStatus::Ok));
+        }
+        other => panic!("a start notice, then the result: {other:?}"),
     }
 }
 

@@ -1,0 +1,254 @@
+//! The API's OpenAPI document, generated from the handlers' `#[utoipa::path]` attributes and the
+//! body types (`shared::http`, `SubmitRequest`), served at `GET /v1/openapi.json`.
+
+use crate::api;
+use shared::http;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "fleet coordinator",
+        description = "Runs of agent graphs: submit, watch, approve, cancel, read results and \
+            artifacts. Every JSON body names the API version it speaks (`v`); any route may also \
+            answer 500 with an `ErrorBody`.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    paths(
+        api::healthz,
+        api::metrics,
+        api::openapi,
+        api::create_run,
+        api::list_runs,
+        api::run_status,
+        api::run_summary,
+        api::run_result,
+        api::cancel_run,
+        api::decide,
+        api::run_logs,
+        api::list_artifacts,
+        api::get_run_artifact,
+        api::get_artifact,
+    ),
+    components(schemas(
+        http::ErrorBody,
+        http::Submitted,
+        http::RunListing,
+        http::RunSummary,
+        http::StatusView,
+        http::RunOutcome,
+        http::CancelAnswer,
+        http::Decided,
+        http::LogEntry,
+        http::ArtifactListing,
+        crate::submit::SubmitRequest,
+    )),
+    modifiers(&ChosenRunId)
+)]
+struct ApiDoc;
+
+/// The document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The path parameter of the routes below `/v1/runs/{id}`.
+#[derive(IntoParams)]
+#[into_params(names("id"), parameter_in = Path)]
+pub struct RunPath(
+    /// The run's id.
+    pub String,
+);
+
+/// No such run.
+#[derive(IntoResponses)]
+#[response(status = 404)]
+pub struct NoSuchRun(pub http::ErrorBody);
+
+/// The submission's `run_id`: the API takes it off the body before the rest is read as a
+/// `SubmitRequest` (which refuses unknown fields), so the derived schema lacks it.
+struct ChosenRunId;
+
+impl Modify for ChosenRunId {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = doc.components.as_mut() else {
+            return;
+        };
+        if let Some(RefOr::T(Schema::Object(submit))) = components.schemas.get_mut("SubmitRequest")
+        {
+            let run_id = ObjectBuilder::new()
+                .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+                .description(Some(
+                    "an id the submitter chooses instead of the derived one",
+                ))
+                .build();
+            submit.properties.insert("run_id".into(), run_id.into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use std::collections::BTreeSet;
+
+    /// A route's path as OpenAPI writes it: `:id` and `*key` become `{id}` and `{key}`.
+    fn templated(path: &str) -> String {
+        path.split('/')
+            .map(|seg| match seg.strip_prefix([':', '*']) {
+                Some(name) => format!("{{{name}}}"),
+                None => seg.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
+    fn json() -> Value {
+        serde_json::to_value(document()).expect("the document serializes")
+    }
+
+    const METHODS: [&str; 8] = [
+        "get", "put", "post", "delete", "options", "head", "patch", "trace",
+    ];
+
+    #[test]
+    fn the_document_lists_every_route_the_router_serves_and_no_other() {
+        let served: BTreeSet<(String, String)> = api::routes()
+            .iter()
+            .map(|r| (r.verb.as_str().to_string(), templated(r.path)))
+            .collect();
+        assert_eq!(served.len(), api::routes().len(), "a route is listed twice");
+        let doc = json();
+        let mut documented = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for method in METHODS.iter().filter(|m| item.get(**m).is_some()) {
+                documented.insert((method.to_string(), path.clone()));
+            }
+        }
+        assert_eq!(documented, served);
+        // Each templated segment is a documented path parameter of its operation.
+        for (method, path) in &served {
+            let op = &doc["paths"][path][method];
+            let params: BTreeSet<&str> = op["parameters"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .filter(|p| p["in"] == "path")
+                        .filter_map(|p| p["name"].as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let wanted: BTreeSet<&str> = path
+                .split('/')
+                .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            assert_eq!(params, wanted, "{method} {path}");
+            assert!(
+                op["responses"].as_object().is_some_and(|r| !r.is_empty()),
+                "{method} {path} documents no response"
+            );
+        }
+    }
+
+    #[test]
+    fn every_body_schema_is_present_and_every_reference_resolves() {
+        let doc = json();
+        let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+        for body in [
+            "ErrorBody",
+            "Submitted",
+            "SubmitRequest",
+            "RunListing",
+            "RunSummary",
+            "StatusView",
+            "RunOutcome",
+            "CancelAnswer",
+            "Decided",
+            "DecideBody",
+            "LogEntry",
+            "ArtifactListing",
+            // Types inside the bodies.
+            "RunId",
+            "JobId",
+            "NodeId",
+            "RunStatus",
+            "JobStatus",
+            "JobState",
+            "Usage",
+            "ApprovalState",
+            "AgentConfig",
+        ] {
+            assert!(schemas.contains_key(body), "no schema `{body}`");
+        }
+        fn refs<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+            match v {
+                Value::Object(o) => {
+                    if let Some(Value::String(r)) = o.get("$ref") {
+                        out.push(r);
+                    }
+                    o.values().for_each(|v| refs(v, out));
+                }
+                Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        refs(&doc, &mut found);
+        assert!(!found.is_empty());
+        for r in found {
+            let name = r
+                .strip_prefix("#/components/schemas/")
+                .unwrap_or_else(|| panic!("a reference outside the schemas: {r}"));
+            assert!(schemas.contains_key(name), "`{r}` names no schema");
+        }
+    }
+
+    /// Through JSON text and back, the document is the same. (Not through utoipa's own types:
+    /// a schema without a `type`, the one of a `serde_json::Value` field, does not read back into
+    /// them — utoipa issue #1192 — though it is valid OpenAPI.)
+    #[test]
+    fn the_document_round_trips_as_json() {
+        let text = document()
+            .to_pretty_json()
+            .expect("the document serializes");
+        let read: Value = serde_json::from_str(&text).expect("it is JSON");
+        assert_eq!(read, json());
+        let again: Value = serde_json::from_str(&read.to_string()).unwrap();
+        assert_eq!(again, read);
+        assert!(read["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1")));
+        assert_eq!(read["info"]["version"], env!("CARGO_PKG_VERSION"));
+    }
+
+    #[tokio::test]
+    async fn the_route_serves_the_document() {
+        let axum::Json(served) = api::openapi().await;
+        assert!(served == document());
+    }
+
+    #[test]
+    fn the_submission_schema_has_the_request_fields_and_the_chosen_run_id() {
+        let doc = json();
+        let submit = &doc["components"]["schemas"]["SubmitRequest"];
+        let props: BTreeSet<&str> = submit["properties"]
+            .as_object()
+            .expect("properties")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let wanted = BTreeSet::from(["graph", "input", "repo", "git_ref", "agent", "run_id"]);
+        assert_eq!(props, wanted);
+        let required: BTreeSet<&str> = submit["required"]
+            .as_array()
+            .expect("required")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(!required.contains("run_id"));
+        assert!(required.contains("graph") && required.contains("repo"));
+    }
+}
