@@ -141,7 +141,7 @@ async fn the_built_in_agent_reads_in_the_container_and_submits_a_diff() -> anyho
     );
     assert_eq!(result["result"]["verdict"], "PASS");
     let transcript = stack
-        .artifact_json(&format!("runs/{run}/attempt_1/se/transcript.json"))
+        .node_artifact_json(&run, "se", 1, "transcript.json")
         .await?;
     assert_eq!(transcript["api"], "anthropic");
     Ok(())

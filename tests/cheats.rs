@@ -248,9 +248,9 @@ fn assert_scope_violation(status: &Value, r: &Value, node: &str, path: &str, rea
     );
 }
 
-async fn test_report(stack: &Stack, run: &str, node_visit: &str) -> anyhow::Result<Value> {
+async fn test_report(stack: &Stack, run: &str, node: &str, visit: u32) -> anyhow::Result<Value> {
     stack
-        .artifact_json(&format!("runs/{run}/{node_visit}/test_report.json"))
+        .node_artifact_json(run, node, visit, "test_report.json")
         .await
 }
 
@@ -591,9 +591,9 @@ async fn cheat_1e_test_configuration_planted_in_the_repo_is_ignored_by_the_pinne
         let (status, r) = finish(&stack, name, run).await?;
         assert_eq!(status["status"], "succeeded", "{name}: {r}");
         assert_eq!(r["exit"], "Success", "{name}");
-        let verify = test_report(&stack, run, "verify_tdd_1").await?;
+        let verify = test_report(&stack, run, "verify_tdd", 1).await?;
         assert_eq!(verify["counts"]["failed"], 7, "{name}: {verify}");
-        let validate = test_report(&stack, run, "validate_1").await?;
+        let validate = test_report(&stack, run, "validate", 1).await?;
         assert_eq!(validate["counts"]["passed"], 7, "{name}: {validate}");
         assert_eq!(validate["counts"]["skipped"], 0, "{name}: {validate}");
         assert_eq!(validate["executed"].as_array().map(Vec::len), Some(7));
@@ -616,7 +616,7 @@ async fn cheat_2_an_impl_exiting_with_success_at_import_leaves_no_report() -> an
     let (run, status, r) =
         run_cheat_past_the_policy(&stack, "exit-at-import", &script_with_impl(&stack_py)).await?;
     assert_exit(&status, &r, "StuckOnPattern");
-    let validate = test_report(&stack, &run, "validate_1").await?;
+    let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_eq!(validate["passed"], false);
     assert_eq!(validate["broken"], true);
     assert_eq!(validate["exit_code"], 0, "the process did end with success");
@@ -668,7 +668,7 @@ async fn cheat_3_the_fix_agent_editing_the_frozen_tests_is_a_scope_violation() -
         let (status, r) = finish(&stack, name, run).await?;
         assert_scope_violation(&status, &r, "fix", "tests/test_stack.py", "outside_scope");
         assert_eq!(status["visits"]["validate"], 1, "{name}");
-        let validate = test_report(&stack, run, "validate_1").await?;
+        let validate = test_report(&stack, run, "validate", 1).await?;
         assert!(
             failure_kinds(&validate).contains(&"assertion".to_string()),
             "{name}: {validate}"
@@ -711,7 +711,7 @@ async fn cheat_4_weak_tests_blessed_by_a_lying_mutation_adversary_do_not_pass() 
         "{m}"
     );
     // The weak tests did pass the wrong impl: only executed mutants stood between it and success.
-    let validate = test_report(&stack, &run, "validate_1").await?;
+    let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_eq!(validate["passed"], true, "{validate}");
     let checks = r["verification"].as_array().unwrap();
     let mutants = checks
@@ -748,7 +748,7 @@ async fn cheat_skips_and_xfails_raised_by_the_impl_under_pytest_are_not_passes(
     for ((name, _), run) in cases.iter().zip(&runs) {
         let (status, r) = finish(&stack, name, run).await?;
         assert_exit(&status, &r, "StuckOnPattern");
-        let validate = test_report(&stack, run, "validate_1").await?;
+        let validate = test_report(&stack, run, "validate", 1).await?;
         assert_eq!(validate["passed"], false, "{validate}");
         assert_eq!(validate["counts"]["passed"], 0, "{name}: {validate}");
         let kinds = failure_kinds(&validate);
@@ -784,14 +784,14 @@ async fn cheat_an_exit_code_of_zero_after_a_failing_report_does_not_pass() -> an
     // addresses in pytest's message are not part of the signature): stuck.
     let mut signatures = Vec::new();
     for v in 1..=status["visits"]["validate"].as_u64().unwrap_or(0) {
-        let report = test_report(&stack, &run, &format!("validate_{v}")).await?;
+        let report = test_report(&stack, &run, "validate", v as u32).await?;
         signatures.push(report["failure_signatures"].clone());
     }
     eprintln!("cheat `atexit-zero`: validate failure signatures {signatures:?}");
     assert_ne!(status["status"], "succeeded", "{r}");
     assert_eq!(r["success"], false, "{r}");
     assert_eq!(r["exit"], "StuckOnPattern", "{r}");
-    let validate = test_report(&stack, &run, "validate_1").await?;
+    let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_eq!(validate["exit_code"], 0, "{validate}");
     assert_eq!(validate["passed"], false, "{validate}");
     assert_eq!(validate["counts"]["failed"], 1, "{validate}");
@@ -822,7 +822,7 @@ async fn cheat_a_forged_report_without_the_canary_is_caught() -> anyhow::Result<
     let (run, status, r) =
         run_cheat_past_the_policy(&stack, "forged-report", &script_with_impl(&stack_py)).await?;
     assert_exit(&status, &r, "StuckOnPattern");
-    let validate = test_report(&stack, &run, "validate_1").await?;
+    let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_eq!(validate["broken"], true, "{validate}");
     assert_eq!(validate["exit_code"], 0, "{validate}");
     assert!(
@@ -853,7 +853,7 @@ async fn cheat_a_forged_report_with_the_canary_read_from_argv_is_caught() -> any
         &script_with_impl(&with_class(FORGE_WITH_CANARY)),
     )
     .await?;
-    let validate = test_report(&stack, &run, "validate_1").await?;
+    let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_ne!(
         status["status"], "succeeded",
         "a report forged by the impl (canary included, its name read from sys.argv) was accepted \
@@ -883,7 +883,7 @@ async fn cheat_pytest_patched_in_process_by_the_impl_is_refused_by_the_policy() 
     assert_exit(&status, &r, "ForbiddenInImpl");
     assert_eq!(r["failure"]["node"], "impl_build", "{}", r["failure"]);
     let build = stack
-        .artifact_json(&format!("runs/{run}/impl_build_1/test_report.json"))
+        .node_artifact_json(&run, "impl_build", 1, "test_report.json")
         .await
         .unwrap_or(Value::Null);
     let error = r["failure"]["error"].as_str().unwrap_or_default();
@@ -912,7 +912,7 @@ async fn cheat_a_daemon_rewriting_the_report_after_pytest_exits_is_caught() -> a
         &script_with_impl(&with_class(DAEMON_REWRITE)),
     )
     .await?;
-    let validate = test_report(&stack, &run, "validate_1").await?;
+    let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_ne!(
         status["status"], "succeeded",
         "a daemon rewrote the report after pytest exited and a wrong pop was accepted; \
@@ -999,7 +999,7 @@ async fn cheat_a_nested_git_repository_is_refused() -> anyhow::Result<()> {
     ]);
     let (run, status, r) = run_cheat(&stack, "nested-git", &script, &[]).await?;
     let transcript = stack
-        .artifact_json(&format!("runs/{run}/impl_1/transcript.json"))
+        .node_artifact_json(&run, "impl", 1, "transcript.json")
         .await
         .unwrap_or(Value::Null);
     assert!(

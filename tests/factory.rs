@@ -91,24 +91,40 @@ async fn a_correct_patch_passes_with_a_complete_summary_and_artifacts() -> anyho
     );
     assert!(a.failure_brief.is_none());
 
-    // Artifacts at their documented keys, full logs included.
-    let keys: Vec<String> =
-        serde_json::from_value(stack.get(&format!("/v1/runs/{run}/artifacts")).await?)?;
-    for k in [
-        "attempt_1/proposed_patch.diff",
-        "attempt_1/apply_result.json",
-        "attempt_1/verify_result.json",
-        "attempt_1/acceptance_result.json",
-        "attempt_1/logs/verify_0.stdout",
-        "attempt_1/logs/acceptance_0.stdout",
-        "attempt_1/se/prompt.md",
-        "run_summary.json",
-        "result.json",
-        "state.json",
-    ] {
+    // Artifacts at their documented keys, full logs included: the run's files at the run's
+    // folder, each job's in its accepted execution's folder beneath the attempt's.
+    let listing = stack.get(&format!("/v1/runs/{run}/artifacts")).await?;
+    let keys: Vec<String> = serde_json::from_value(listing["keys"].clone())?;
+    for k in ["run_summary.json", "result.json", "state.json"] {
         let key = format!("runs/{run}/{k}");
         assert!(keys.contains(&key), "missing artifact {key}; have {keys:?}");
     }
+    for (node, name) in [
+        ("tr", "proposed_patch.diff"),
+        ("tr", "apply_result.json"),
+        ("po", "verify_result.json"),
+        ("po", "acceptance_result.json"),
+        ("po", "logs/verify_0.stdout"),
+        ("po", "logs/acceptance_0.stdout"),
+        ("se", "prompt.md"),
+    ] {
+        let key = stack.artifact_key(&run, node, 1, name).await?;
+        let folder = if node == "se" {
+            "attempt_1/se"
+        } else {
+            "attempt_1"
+        };
+        assert!(
+            key.starts_with(&format!("runs/{run}/{folder}/exec-")) && key.ends_with(name),
+            "{node}'s {name} at {key}"
+        );
+        assert!(keys.contains(&key), "missing artifact {key}; have {keys:?}");
+    }
+    assert_eq!(
+        listing["superseded"],
+        serde_json::json!([]),
+        "one execution per job"
+    );
     let patch = stack
         .get_text(&format!("/v1/artifacts/{}", a.patch_path))
         .await?;
@@ -155,9 +171,7 @@ async fn a_scope_violation_feeds_its_brief_into_the_next_attempt() -> anyhow::Re
     assert!(!s.attempts[0].apply_ok);
     assert!(s.attempts[1].failure_brief.is_none());
 
-    let prompt2 = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/attempt_2/se/prompt.md"))
-        .await?;
+    let prompt2 = stack.node_artifact_text(&run, "se", 2, "prompt.md").await?;
     assert!(
         prompt2.contains("stage: patch_scope_violation"),
         "{prompt2}"
@@ -166,9 +180,7 @@ async fn a_scope_violation_feeds_its_brief_into_the_next_attempt() -> anyhow::Re
         prompt2.contains("`tests/test_calc.py` (outside the write scope)"),
         "{prompt2}"
     );
-    let prompt1 = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/attempt_1/se/prompt.md"))
-        .await?;
+    let prompt1 = stack.node_artifact_text(&run, "se", 1, "prompt.md").await?;
     assert!(!prompt1.contains("previous attempt failed"));
     Ok(())
 }
@@ -330,20 +342,21 @@ fn assert_bounded(b: &FailureBrief) {
     assert_eq!(b.constraints_reminder, CONSTRAINTS_REMINDER);
 }
 
-/// `attempt_<n>/failure_brief.json` as the harness step wrote it.
-async fn brief_artifact(stack: &Stack, run: &str, n: u32) -> anyhow::Result<FailureBrief> {
+/// The failure brief as the harness step of `node` (`tr` or `po`) wrote it in attempt `n`.
+async fn brief_artifact(
+    stack: &Stack,
+    run: &str,
+    node: &str,
+    n: u32,
+) -> anyhow::Result<FailureBrief> {
     let raw = stack
-        .artifact_json(&format!("runs/{run}/attempt_{n}/failure_brief.json"))
+        .node_artifact_json(run, node, n, "failure_brief.json")
         .await?;
     Ok(serde_json::from_value(raw)?)
 }
 
 async fn prompt(stack: &Stack, run: &str, n: u32) -> anyhow::Result<String> {
-    stack
-        .get_text(&format!(
-            "/v1/artifacts/runs/{run}/attempt_{n}/se/prompt.md"
-        ))
-        .await
+    stack.node_artifact_text(run, "se", n, "prompt.md").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -433,7 +446,9 @@ async fn a_diff_whose_context_does_not_match_ends_in_patch_apply_failed() -> any
         assert!(a.verify.is_empty() && a.acceptance.is_empty());
         assert_eq!(
             a.patch_path,
-            format!("runs/{run}/attempt_{n}/proposed_patch.diff")
+            stack
+                .artifact_key(&run, "tr", n, "proposed_patch.diff")
+                .await?
         );
         let b = a.failure_brief.as_ref().expect("each attempt failed");
         assert_eq!(serde_json::to_value(b.stage)?, "patch_apply_failed");
@@ -441,9 +456,9 @@ async fn a_diff_whose_context_does_not_match_ends_in_patch_apply_failed() -> any
         assert_eq!(b.exit_code, Some(1));
         assert!(!b.primary_error_excerpt.trim().is_empty());
         assert_bounded(b);
-        assert_eq!(&brief_artifact(&stack, &run, n).await?, b);
+        assert_eq!(&brief_artifact(&stack, &run, "tr", n).await?, b);
         let apply = stack
-            .artifact_json(&format!("runs/{run}/attempt_{n}/apply_result.json"))
+            .node_artifact_json(&run, "tr", n, "apply_result.json")
             .await?;
         assert_eq!(apply["apply_ok"], false);
         assert_eq!(apply["touched_files"], json!(["calc.py"]));
@@ -504,9 +519,9 @@ async fn a_patch_that_passes_verification_but_not_acceptance_ends_in_acceptance_
             b.primary_error_excerpt
         );
         assert_bounded(b);
-        assert_eq!(&brief_artifact(&stack, &run, n).await?, b);
+        assert_eq!(&brief_artifact(&stack, &run, "po", n).await?, b);
         let acceptance = stack
-            .artifact_json(&format!("runs/{run}/attempt_{n}/acceptance_result.json"))
+            .node_artifact_json(&run, "po", n, "acceptance_result.json")
             .await?;
         assert_eq!(acceptance[1]["exit_code"], 1);
         let log = stack
@@ -669,9 +684,7 @@ async fn a_context_file_that_links_to_the_workers_environment_is_refused() -> an
     let run = out.stdout.trim().to_string();
     let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
     assert_eq!(status["status"], "succeeded", "{status}");
-    let prompt = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/attempt_1/se/prompt.md"))
-        .await?;
+    let prompt = stack.node_artifact_text(&run, "se", 1, "prompt.md").await?;
     assert!(!prompt.contains(SECRET), "the secret reached the prompt");
     assert!(
         !prompt.contains("AWS_SECRET_ACCESS_KEY"),
@@ -684,9 +697,7 @@ async fn a_context_file_that_links_to_the_workers_environment_is_refused() -> an
         "regular context files still arrive: {prompt}"
     );
     let transcript = stack
-        .get_text(&format!(
-            "/v1/artifacts/runs/{run}/attempt_1/se/transcript.json"
-        ))
+        .node_artifact_text(&run, "se", 1, "transcript.json")
         .await?;
     assert!(!transcript.contains(SECRET));
     Ok(())

@@ -173,7 +173,7 @@ async fn the_happy_path_succeeds_with_a_complete_result_and_parallel_blind_branc
     );
     // The harness ran the tests on the skeleton and saw them fail, then pass on the merge.
     let verify = stack
-        .artifact_json(&format!("runs/{run}/verify_tdd_1/test_report.json"))
+        .node_artifact_json(&run, "verify_tdd", 1, "test_report.json")
         .await?;
     assert_eq!(verify["passed"], false);
     assert!(verify["failures"]
@@ -185,7 +185,7 @@ async fn the_happy_path_succeeds_with_a_complete_result_and_parallel_blind_branc
             .unwrap_or("")
             .contains("NotImplementedError")));
     let validate = stack
-        .artifact_json(&format!("runs/{run}/validate_1/test_report.json"))
+        .node_artifact_json(&run, "validate", 1, "test_report.json")
         .await?;
     assert_eq!(validate["counts"]["passed"], 7);
     // Every frozen test ran (the set recorded on the skeleton), and nothing else.
@@ -195,7 +195,7 @@ async fn the_happy_path_succeeds_with_a_complete_result_and_parallel_blind_branc
     assert_eq!(validate["unexpected"], json!([]));
     // The impl's prompt never mentions the tests' names beyond the echo of sketch names.
     let impl_prompt = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/impl_1/prompt.md"))
+        .node_artifact_text(&run, "impl", 1, "prompt.md")
         .await?;
     assert!(!impl_prompt.contains("test_push_then_pop_returns_item"));
     assert!(
@@ -221,20 +221,20 @@ async fn tests_that_pass_on_the_skeleton_are_rejected_with_feedback_then_succeed
     assert_eq!(status["visits"]["verify_tdd"], 2);
     assert_eq!(status["visits"]["impl"], 1, "only the tests agent re-runs");
     let first = stack
-        .artifact_json(&format!("runs/{run}/verify_tdd_1/test_report.json"))
+        .node_artifact_json(&run, "verify_tdd", 1, "test_report.json")
         .await?;
     assert_eq!(
         first["passed"], true,
         "the trivial tests passed on the stubs"
     );
     let prompt = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/tests_2/prompt.md"))
+        .node_artifact_text(&run, "tests", 2, "prompt.md")
         .await?;
     assert!(prompt.contains("Prior Attempt Rejected"), "{prompt}");
     assert!(prompt.contains("Tests passed on skeleton. Tests are trivial or broken."));
     assert!(prompt.contains("test_push_then_pop_returns_item, test_pop_returns_last_pushed"));
     let prompt1 = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/tests_1/prompt.md"))
+        .node_artifact_text(&run, "tests", 1, "prompt.md")
         .await?;
     assert!(!prompt1.contains("Prior Attempt Rejected"));
     Ok(())
@@ -258,7 +258,7 @@ async fn a_critical_type_hole_routes_to_the_types_fix_until_its_budget_is_exhaus
     assert!(status["visits"]["tests"].is_null(), "never forked");
     assert_eq!(r["type_adversary"]["verdict"], "TypeSystemHasHoles");
     let fix_prompt = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/types_2/prompt.md"))
+        .node_artifact_text(&run, "types", 2, "prompt.md")
         .await?;
     assert!(
         fix_prompt.contains("fix attempt 1") && fix_prompt.contains("the internal list is public"),
@@ -284,7 +284,7 @@ async fn a_fix_loop_repeating_one_failure_pattern_ends_stuck() -> anyhow::Result
     let mut stuck_signatures = Vec::new();
     for v in 1..=3 {
         let report = stack
-            .artifact_json(&format!("runs/{run}/validate_{v}/test_report.json"))
+            .node_artifact_json(&run, "validate", v, "test_report.json")
             .await?;
         let mut names: Vec<String> = report["failures"]
             .as_array()
@@ -354,7 +354,7 @@ async fn a_fix_loop_repeating_one_failure_pattern_ends_stuck() -> anyhow::Result
     assert_eq!(r["attempts"], 2);
     // The fix agent's second prompt carries what was tried and seen before.
     let p = stack
-        .get_text(&format!("/v1/artifacts/runs/{run}/fix_2/prompt.md"))
+        .node_artifact_text(&run, "fix", 2, "prompt.md")
         .await?;
     assert!(
         p.contains("Previous fixes tried")
@@ -456,9 +456,7 @@ async fn surviving_mutants_block_in_blocking_mode_and_only_advise_otherwise() ->
     assert_eq!(status["visits"]["mutation_score"], 2);
     assert_eq!(status["visits"]["recheck"], 1);
     let prompt = stack
-        .get_text(&format!(
-            "/v1/artifacts/runs/{strengthened}/strengthen_1/prompt.md"
-        ))
+        .node_artifact_text(&strengthened, "strengthen", 1, "prompt.md")
         .await?;
     assert!(
         prompt.contains("`peek`") && prompt.contains("(OffByOne)"),
@@ -476,12 +474,10 @@ async fn surviving_mutants_block_in_blocking_mode_and_only_advise_otherwise() ->
     assert_eq!(survivors(&first["output"]), peek_off_by_one());
     // The strengthened suite kept every frozen test and added one.
     let verify = stack
-        .artifact_json(&format!(
-            "runs/{strengthened}/verify_tdd_1/test_report.json"
-        ))
+        .node_artifact_json(&strengthened, "verify_tdd", 1, "test_report.json")
         .await?;
     let recheck = stack
-        .artifact_json(&format!("runs/{strengthened}/recheck_1/test_report.json"))
+        .node_artifact_json(&strengthened, "recheck", 1, "test_report.json")
         .await?;
     assert_eq!(recheck["passed"], true);
     let executed = |v: &Value| -> Vec<String> {
@@ -637,7 +633,7 @@ async fn nothing_of_the_impl_is_reachable_from_the_tests_container() -> anyhow::
         "impl finished before the search: impl ended {impl_end}, tests started {tests_start}"
     );
     let transcript = stack
-        .artifact_json(&format!("runs/{run}/tests_1/transcript.json"))
+        .node_artifact_json(&run, "tests", 1, "transcript.json")
         .await?;
     let results: Vec<String> = transcript
         .as_array()
@@ -668,7 +664,7 @@ async fn nothing_of_the_impl_is_reachable_from_the_tests_container() -> anyhow::
     );
     // And the impl was really there to find: the merged tests passed against it.
     let report = stack
-        .artifact_json(&format!("runs/{run}/validate_1/test_report.json"))
+        .node_artifact_json(&run, "validate", 1, "test_report.json")
         .await?;
     assert_eq!(report["passed"], true);
     Ok(())

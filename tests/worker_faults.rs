@@ -154,10 +154,10 @@ async fn a_second_delivery_of_a_running_job_does_not_disturb_it() -> anyhow::Res
     assert_eq!(result["result"]["verdict"], "PASS", "{result}");
     // Verification and acceptance ran to the end in the first container: nothing was killed.
     let verify = stack
-        .artifact_json(&format!("runs/{run}/attempt_1/verify_result.json"))
+        .node_artifact_json(&run, "po", 1, "verify_result.json")
         .await?;
     let acceptance = stack
-        .artifact_json(&format!("runs/{run}/attempt_1/acceptance_result.json"))
+        .node_artifact_json(&run, "po", 1, "acceptance_result.json")
         .await?;
     for (what, results) in [("verify", &verify), ("acceptance", &acceptance)] {
         let codes = exit_codes(results);
@@ -200,6 +200,137 @@ async fn a_second_delivery_of_a_running_job_does_not_disturb_it() -> anyhow::Res
         .collect();
     assert!(left.is_empty(), "job folders left: {left:?}");
     assert_eq!(ready(&ch, &queue).await?, 0);
+    let _ = conn.close(200, "done").await;
+    Ok(())
+}
+
+/// Issue 7, item 7: a duplicate execution of an attempt on another worker runs to the end beside
+/// the first, and each writes its artifacts in a folder of its own; the run points to the
+/// accepted execution's, and the other's are listed apart, never read by the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_execution_on_another_worker_never_overwrites_the_accepted_artifacts(
+) -> anyhow::Result<()> {
+    // One job at a time per worker: while the first runs the PO job, the broker can hand the
+    // second copy only to the other worker.
+    let stack = Stack::start_with("dupx", 2, 1, &[]).await?;
+    let queue = format!("{}.jobs", stack.ns);
+    let conn = Connection::connect(AMQP_URL, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+
+    let order_path = slow_po_work_order(stack.dir.path(), 6)?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let relay = {
+        let (ch, queue) = (ch.clone(), queue.clone());
+        tokio::spawn(async move { relay_until(&ch, &queue, "po").await })
+    };
+    let out = stack.cli(&[
+        "submit",
+        "--repo",
+        &repo,
+        "--work-order",
+        &order_path.display().to_string(),
+        "--script",
+        &example("factory-calc/script-pass.json"),
+    ])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    let run = out.stdout.trim().to_string();
+    let po_envelope = relay.await??;
+    let label = format!("fleet.job={run}.po.1");
+    let first = wait_for_container(&label).await?;
+    publish(&ch, &queue, &po_envelope).await?;
+    // The second execution starts on the other worker while the first still runs.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while containers(&label).len() < 2 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no second execution of the PO job started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let workers: std::collections::BTreeSet<String> = containers(&label)
+        .iter()
+        .filter_map(|c| fleet_tests::stack::container_label(c, "fleet.worker"))
+        .collect();
+    assert_eq!(workers.len(), 2, "the two executions ran on two workers");
+    assert!(running(&first), "the first execution is untouched");
+
+    let status = stack.wait_run(&run, RUN_TIMEOUT).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let result = stack.get(&format!("/v1/runs/{run}/result")).await?;
+    assert_eq!(result["result"]["verdict"], "PASS", "{result}");
+    // Both executions reported; the run accepted one result for the node.
+    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    let po: Vec<&Value> = logs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["node"] == "po")
+        .collect();
+    assert_eq!(po.len(), 1, "{logs}");
+    let accepted = po[0]["execution"].as_str().unwrap_or_default().to_string();
+    assert!(!accepted.is_empty(), "{}", po[0]);
+    let pointed: Vec<String> = po[0]["artifacts"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|k| k.as_str().map(str::to_string))
+        .collect();
+    assert!(!pointed.is_empty());
+    for key in &pointed {
+        assert!(
+            key.starts_with(&format!("runs/{run}/attempt_1/exec-{accepted}/")),
+            "the run points to the accepted execution's artifact: {key}"
+        );
+    }
+    // The other execution's artifacts exist under its own folder, listed apart.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let superseded = loop {
+        let listing = stack.get(&format!("/v1/runs/{run}/artifacts")).await?;
+        let superseded: Vec<String> = serde_json::from_value(listing["superseded"].clone())?;
+        let keys: Vec<String> = serde_json::from_value(listing["keys"].clone())?;
+        for key in &pointed {
+            assert!(keys.contains(key), "{key} listed as the run's: {listing}");
+        }
+        if superseded
+            .iter()
+            .any(|k| k.ends_with("/verify_result.json"))
+        {
+            break superseded;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the duplicate execution's artifacts never appeared: {listing}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for key in &superseded {
+        assert!(
+            key.starts_with(&format!("runs/{run}/attempt_1/exec-"))
+                && !key.contains(&format!("/exec-{accepted}/")),
+            "a superseded key is another execution's: {key}"
+        );
+        assert!(!pointed.contains(key));
+    }
+    // What the run points to is whole: the accepted execution's checks all ran and passed.
+    let verify = stack
+        .node_artifact_json(&run, "po", 1, "verify_result.json")
+        .await?;
+    let acceptance = stack
+        .node_artifact_json(&run, "po", 1, "acceptance_result.json")
+        .await?;
+    assert!(exit_codes(&verify).iter().all(|c| *c == 0), "{verify}");
+    assert_eq!(exit_codes(&acceptance), vec![0, 0, 0], "{acceptance}");
+    let summary = stack
+        .artifact_json(&format!("runs/{run}/run_summary.json"))
+        .await?;
+    let log = summary["attempts"][0]["acceptance"][0]["stdout_path"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        log.contains(&format!("/exec-{accepted}/")),
+        "the summary names the accepted execution's acceptance log: {summary}"
+    );
     let _ = conn.close(200, "done").await;
     Ok(())
 }

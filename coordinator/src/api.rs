@@ -1,33 +1,88 @@
-//! The HTTP API. Errors become HTTP in one place (`ApiError`).
+//! The HTTP API. Errors become HTTP in one place (`ApiError`). Every route is in `routes()`:
+//! the router serves those, and the OpenAPI document (`crate::openapi`, served at
+//! `/v1/openapi.json`) is checked against them.
 
 use crate::driver::{Coordinator, DriverError};
+use crate::openapi::{NoSuchRun, RunPath};
 use crate::submit::{self, SubmitError, SubmitRequest};
 use axum::extract::{Path, State};
+use axum::handler::Handler;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde_json::Value;
 use shared::engine::RunState;
 use shared::http;
 use shared::ids::RunId;
 use std::sync::Arc;
 use tracing::error;
 
+/// The methods the API serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Post,
+}
+
+impl Verb {
+    /// Lowercase, as an OpenAPI path item names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::Post => "post",
+        }
+    }
+
+    fn filter(self) -> MethodFilter {
+        match self {
+            Verb::Get => MethodFilter::GET,
+            Verb::Post => MethodFilter::POST,
+        }
+    }
+}
+
+/// One route: a method, a path in axum's syntax (`:param`, `*rest`) and what serves it.
+pub struct Route {
+    pub verb: Verb,
+    pub path: &'static str,
+    serve: MethodRouter<Arc<Coordinator>>,
+}
+
+fn at<H, T>(verb: Verb, path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Arc<Coordinator>>,
+    T: 'static,
+{
+    let serve = on(verb.filter(), handler);
+    Route { verb, path, serve }
+}
+
+/// Every route of the API, in one place: `router` serves exactly these.
+pub fn routes() -> Vec<Route> {
+    use Verb::{Get, Post};
+    vec![
+        at(Get, "/healthz", healthz),
+        at(Get, "/metrics", metrics),
+        at(Get, "/v1/openapi.json", openapi),
+        at(Post, "/v1/runs", create_run),
+        at(Get, "/v1/runs", list_runs),
+        at(Get, "/v1/runs/:id", run_status),
+        at(Get, "/v1/runs/:id/summary", run_summary),
+        at(Get, "/v1/runs/:id/result", run_result),
+        at(Post, "/v1/runs/:id/cancel", cancel_run),
+        at(Post, "/v1/runs/:id/approvals/:node", decide),
+        at(Get, "/v1/runs/:id/logs", run_logs),
+        at(Get, "/v1/runs/:id/artifacts", list_artifacts),
+        at(Get, "/v1/runs/:id/artifacts/*key", get_run_artifact),
+        at(Get, "/v1/artifacts/*key", get_artifact),
+    ]
+}
+
 pub fn router(coord: Arc<Coordinator>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(metrics))
-        .route("/v1/runs", post(create_run).get(list_runs))
-        .route("/v1/runs/:id", get(run_status))
-        .route("/v1/runs/:id/summary", get(run_summary))
-        .route("/v1/runs/:id/result", get(run_result))
-        .route("/v1/runs/:id/cancel", post(cancel_run))
-        .route("/v1/runs/:id/approvals/:node", post(decide))
-        .route("/v1/runs/:id/logs", get(run_logs))
-        .route("/v1/runs/:id/artifacts", get(list_artifacts))
-        .route("/v1/runs/:id/artifacts/*key", get(get_run_artifact))
-        .route("/v1/artifacts/*key", get(get_artifact))
+    routes()
+        .into_iter()
+        .fold(Router::new(), |r, route| r.route(route.path, route.serve))
         .with_state(coord)
 }
 
@@ -68,6 +123,28 @@ impl From<DriverError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
+#[utoipa::path(
+    get, path = "/healthz",
+    responses((status = 200, body = String, description = "`ok`"))
+)]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// This API's OpenAPI document.
+#[utoipa::path(
+    get, path = "/v1/openapi.json",
+    responses((status = 200, body = Object, description = "the OpenAPI 3.1 document"))
+)]
+pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(crate::openapi::document())
+}
+
+/// Prometheus metrics, in the text exposition format.
+#[utoipa::path(
+    get, path = "/metrics",
+    responses((status = 200, body = String, content_type = "text/plain"))
+)]
 async fn metrics(State(c): State<Arc<Coordinator>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -75,6 +152,17 @@ async fn metrics(State(c): State<Arc<Coordinator>>) -> impl IntoResponse {
     )
 }
 
+/// Submits a run; `run_id` (optional) is the id the submitter chooses instead of the derived one.
+#[utoipa::path(
+    post, path = "/v1/runs",
+    request_body = SubmitRequest,
+    responses(
+        (status = 201, body = http::Submitted, description = "the run was created"),
+        (status = 200, body = http::Submitted, description = "the same submission was made before"),
+        (status = 400, body = http::ErrorBody, description = "malformed, or an invalid graph"),
+        (status = 409, body = http::ErrorBody, description = "`run_id` names another run"),
+    )
+)]
 async fn create_run(
     State(c): State<Arc<Coordinator>>,
     body: axum::body::Bytes,
@@ -108,6 +196,7 @@ async fn create_run(
     Ok((status, Json(body)))
 }
 
+#[utoipa::path(get, path = "/v1/runs", responses((status = 200, body = Vec<http::RunListing>)))]
 async fn list_runs(State(c): State<Arc<Coordinator>>) -> ApiResult<Json<Vec<http::RunListing>>> {
     let mut out = Vec::new();
     for id in c.store.list().await.map_err(DriverError::from)? {
@@ -123,6 +212,11 @@ pub fn status_view(s: &RunState) -> http::StatusView {
     http::StatusView::of(s)
 }
 
+#[utoipa::path(
+    get, path = "/v1/runs/{id}",
+    params(RunPath),
+    responses((status = 200, body = http::StatusView), NoSuchRun)
+)]
 async fn run_status(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
@@ -132,6 +226,11 @@ async fn run_status(
 }
 
 /// The status without the job list: cheap enough to poll while a large fan-out runs.
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/summary",
+    params(RunPath),
+    responses((status = 200, body = http::RunSummary), NoSuchRun)
+)]
 async fn run_summary(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
@@ -140,6 +239,16 @@ async fn run_summary(
     Ok(Json(http::RunSummary::of(&s)))
 }
 
+/// The result of a finished run.
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/result",
+    params(RunPath),
+    responses(
+        (status = 200, body = http::RunOutcome),
+        NoSuchRun,
+        (status = 409, body = http::ErrorBody, description = "the run has not finished"),
+    )
+)]
 async fn run_result(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
@@ -160,6 +269,11 @@ async fn run_result(
     }
 }
 
+#[utoipa::path(
+    post, path = "/v1/runs/{id}/cancel",
+    params(RunPath),
+    responses((status = 200, body = http::CancelAnswer), NoSuchRun)
+)]
 async fn cancel_run(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
@@ -178,7 +292,8 @@ async fn cancel_run(
     }))
 }
 
-#[derive(serde::Deserialize)]
+/// `POST /v1/runs/:id/approvals/:node`: the decision on a node awaiting approval.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 struct DecideBody {
     approved: bool,
     #[serde(default)]
@@ -187,6 +302,17 @@ struct DecideBody {
     comment: String,
 }
 
+#[utoipa::path(
+    post, path = "/v1/runs/{id}/approvals/{node}",
+    request_body = DecideBody,
+    params(RunPath, ("node" = String, Path, description = "the node awaiting approval")),
+    responses(
+        (status = 200, body = http::Decided),
+        (status = 400, body = http::ErrorBody, description = "a malformed decision"),
+        NoSuchRun,
+        (status = 409, body = http::ErrorBody, description = "the node is not awaiting approval"),
+    )
+)]
 async fn decide(
     State(c): State<Arc<Coordinator>>,
     Path((id, node)): Path<(String, String)>,
@@ -226,6 +352,12 @@ async fn decide(
     }))
 }
 
+/// The run's finished jobs.
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/logs",
+    params(RunPath),
+    responses((status = 200, body = Vec<http::LogEntry>), NoSuchRun)
+)]
 async fn run_logs(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
@@ -234,18 +366,23 @@ async fn run_logs(
     Ok(Json(http::LogEntry::all(&s)))
 }
 
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/artifacts",
+    params(RunPath),
+    responses((status = 200, body = http::ArtifactListing), NoSuchRun)
+)]
 async fn list_artifacts(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<http::ArtifactListing>> {
     let run = RunId::new(id);
-    c.load(&run).await?;
-    let keys = c
+    let state = c.load(&run).await?;
+    let stored = c
         .blobs
         .list(&format!("runs/{run}/"))
         .await
         .map_err(DriverError::from)?;
-    Ok(Json(json!(keys)))
+    Ok(Json(http::ArtifactListing::of(&state, stored)))
 }
 
 /// Why an artifact key is refused before anything is read: it must be a plain relative object
@@ -301,6 +438,15 @@ async fn read_artifact(c: &Coordinator, run: &RunId, key: &str) -> ApiResult<Res
 /// run is not served, whatever it names). A key that is neither under `runs/` nor named by
 /// one of the run's jobs is taken below the run's folder (`run_summary.json` is
 /// `runs/<run>/run_summary.json`).
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/artifacts/{key}",
+    params(RunPath, ("key" = String, Path, description = "an object key; may contain `/`")),
+    responses(
+        (status = 200, description = "the artifact's bytes", content(("application/octet-stream"))),
+        (status = 400, body = http::ErrorBody, description = "an invalid key"),
+        (status = 404, body = http::ErrorBody, description = "no such run or artifact"),
+    )
+)]
 async fn get_run_artifact(
     State(c): State<Arc<Coordinator>>,
     Path((id, key)): Path<(String, String)>,
@@ -329,6 +475,15 @@ async fn get_run_artifact(
 }
 
 /// An artifact by its full key, `runs/<run>/...`: the run it names must exist.
+#[utoipa::path(
+    get, path = "/v1/artifacts/{key}",
+    params(("key" = String, Path, description = "an object key; may contain `/`")),
+    responses(
+        (status = 200, description = "the artifact's bytes", content(("application/octet-stream"))),
+        (status = 400, body = http::ErrorBody, description = "an invalid key, or not a run's"),
+        (status = 404, body = http::ErrorBody, description = "no such run or artifact"),
+    )
+)]
 async fn get_artifact(
     State(c): State<Arc<Coordinator>>,
     Path(key): Path<String>,
@@ -356,6 +511,7 @@ async fn get_artifact(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn artifact_keys_are_plain_relative_keys() {
@@ -386,8 +542,10 @@ mod tests {
     fn a_run_owns_its_folder_and_the_keys_its_jobs_name() {
         let bundle = shared::graph::GraphBundle {
             source: "g.yaml".into(),
-            graph: serde_yaml::from_str("name: g\nstart: c\nnodes:\n  c: {kind: command}\n")
-                .unwrap(),
+            graph: serde_yaml::from_str(
+                "name: g\nstart: c\nnodes:\n  c: {kind: command, commands: [x]}\n",
+            )
+            .unwrap(),
             files: Default::default(),
         };
         let mut state = RunState::new(

@@ -8,6 +8,7 @@ use crate::messages::{JobStatus, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
+use utoipa::ToSchema;
 
 /// The version of the bodies below.
 pub const API_VERSION: u32 = 1;
@@ -17,7 +18,7 @@ fn api_version() -> u32 {
 }
 
 /// An error: a message and a detail per problem found.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ErrorBody {
     pub error: String,
     #[serde(default)]
@@ -25,7 +26,7 @@ pub struct ErrorBody {
 }
 
 /// `POST /v1/runs`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Submitted {
     #[serde(default = "api_version")]
     pub v: u32,
@@ -35,7 +36,7 @@ pub struct Submitted {
 }
 
 /// One entry of `GET /v1/runs`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct RunListing {
     pub run_id: RunId,
     #[serde(default)]
@@ -60,7 +61,7 @@ impl RunListing {
 }
 
 /// `GET /v1/runs/:id/summary`: the status without the job list.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct RunSummary {
     #[serde(default = "api_version")]
     pub v: u32,
@@ -114,7 +115,7 @@ impl RunSummary {
 }
 
 /// A job in the status view.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JobView {
     pub job_id: JobId,
     pub node: NodeId,
@@ -132,21 +133,21 @@ pub struct JobView {
 }
 
 /// A join in the status view: arrivals of the round under way.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct JoinView {
     pub fired: u32,
     pub arrived: Vec<String>,
     pub expected: usize,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct RepoView {
     pub url: String,
     pub base_commit: String,
 }
 
 /// `GET /v1/runs/:id`: the run, its joins, approvals and every job with its state.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct StatusView {
     #[serde(default = "api_version")]
     pub v: u32,
@@ -228,7 +229,7 @@ impl StatusView {
 }
 
 /// `GET /v1/runs/:id/result` (a finished run).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct RunOutcome {
     #[serde(default = "api_version")]
     pub v: u32,
@@ -259,7 +260,7 @@ impl RunOutcome {
 }
 
 /// What a cancel did.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CancelEffect {
     Cancelled,
@@ -268,7 +269,7 @@ pub enum CancelEffect {
 }
 
 /// `POST /v1/runs/:id/cancel`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct CancelAnswer {
     #[serde(default = "api_version")]
     pub v: u32,
@@ -281,7 +282,7 @@ pub struct CancelAnswer {
 }
 
 /// `POST /v1/runs/:id/approvals/:node`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Decided {
     #[serde(default = "api_version")]
     pub v: u32,
@@ -293,7 +294,7 @@ pub struct Decided {
 }
 
 /// One entry of `GET /v1/runs/:id/logs`: a finished job.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct LogEntry {
     pub job_id: JobId,
     pub node: NodeId,
@@ -303,6 +304,9 @@ pub struct LogEntry {
     pub error: Option<String>,
     #[serde(default)]
     pub worker: String,
+    /// The execution whose result the run accepted; its artifacts are the ones listed.
+    #[serde(default)]
+    pub execution: String,
     #[serde(default)]
     pub started_at: String,
     #[serde(default)]
@@ -324,12 +328,61 @@ impl LogEntry {
                 status: o.status,
                 error: o.error.clone(),
                 worker: o.worker.clone(),
+                execution: o.execution.clone(),
                 started_at: o.started_at.clone(),
                 finished_at: o.finished_at.clone(),
                 artifacts: o.artifacts.clone(),
                 usage: o.usage,
             })
             .collect()
+    }
+}
+
+/// `GET /v1/runs/:id/artifacts`: the run's objects, split by whether the run points to them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ArtifactListing {
+    #[serde(default = "api_version")]
+    pub v: u32,
+    /// What the run stands on: the artifacts of every accepted execution, and the files the
+    /// coordinator wrote for the run (its state mirror, result, summary).
+    pub keys: Vec<String>,
+    /// Artifacts of executions whose result was not the one accepted (a duplicate execution of
+    /// an attempt, a superseded attempt): kept for inspection, never read by the run.
+    pub superseded: Vec<String>,
+}
+
+impl ArtifactListing {
+    /// Splits `stored` (every key under `runs/<run>/`) by the run's outcomes: a key in an
+    /// execution's folder (`exec-<tag>/`) counts only when an accepted outcome names it.
+    pub fn of(s: &RunState, stored: Vec<String>) -> Self {
+        Self::split(s.history.iter().flat_map(|o| o.artifacts.values()), stored)
+    }
+
+    /// `of` with the keys the accepted outcomes name given directly.
+    pub fn split<'a>(named: impl Iterator<Item = &'a String>, stored: Vec<String>) -> Self {
+        let named: std::collections::BTreeSet<&String> = named.collect();
+        let (mut keys, mut superseded) = (Vec::new(), Vec::new());
+        for key in stored {
+            let in_execution = key.split('/').any(|seg| seg.starts_with("exec-"));
+            if !in_execution || named.contains(&key) {
+                keys.push(key);
+            } else {
+                superseded.push(key);
+            }
+        }
+        // An accepted artifact outside `runs/<run>/` (none today) is still the run's.
+        for key in named {
+            if !keys.contains(key) {
+                keys.push(key.clone());
+            }
+        }
+        keys.sort();
+        superseded.sort();
+        ArtifactListing {
+            v: API_VERSION,
+            keys,
+            superseded,
+        }
     }
 }
 
@@ -356,6 +409,33 @@ mod tests {
         let later: Submitted =
             serde_json::from_str(r#"{"v": 2, "run_id": "r1", "created": true}"#).unwrap();
         assert!(check_version(later.v).unwrap_err().contains("version 2"));
+    }
+
+    #[test]
+    fn artifacts_of_executions_the_run_did_not_accept_are_listed_apart() {
+        let accepted = "runs/r1/attempt_1/exec-e1-aa/verify_result.json".to_string();
+        let stored = vec![
+            "runs/r1/state.json".to_string(),
+            accepted.clone(),
+            "runs/r1/attempt_1/exec-e1-bb/verify_result.json".to_string(),
+            "runs/r1/run_summary.json".to_string(),
+        ];
+        let l = ArtifactListing::split([&accepted].into_iter(), stored);
+        assert_eq!(
+            l.keys,
+            vec![
+                accepted.clone(),
+                "runs/r1/run_summary.json".to_string(),
+                "runs/r1/state.json".to_string(),
+            ]
+        );
+        assert_eq!(
+            l.superseded,
+            vec!["runs/r1/attempt_1/exec-e1-bb/verify_result.json".to_string()]
+        );
+        // An accepted key the listing missed (written elsewhere) is still listed.
+        let l = ArtifactListing::split([&accepted].into_iter(), vec![]);
+        assert_eq!(l.keys, vec![accepted]);
     }
 
     #[test]

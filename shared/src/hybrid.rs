@@ -383,6 +383,7 @@ mod tests {
             artifacts: Default::default(),
             usage: Default::default(),
             worker: String::new(),
+            execution: String::new(),
             started_at: String::new(),
             finished_at: String::new(),
             container_seconds: 0.0,

@@ -35,7 +35,81 @@ pub struct JobEnvelope {
     pub spec: Option<Box<JobSpec>>,
 }
 
-/// On the results queue.
+/// On the results queue: a job's start notice or its result, tagged by `kind` (`started`,
+/// `finished`), each with the wire version `v`. Read with `ResultMessage::decode`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ResultMessage {
+    /// A worker took the job (when its spec asks: `JobSpec::notify_start`).
+    Started(StartNotice),
+    Finished(ResultEnvelope),
+}
+
+/// Why a message on the results queue was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("not a result message: {0}")]
+    Malformed(#[from] serde_json::Error),
+    #[error("wire version {0}; this side speaks {WIRE_VERSION}")]
+    Version(u32),
+    #[error("unknown result message kind `{0}`")]
+    UnknownKind(String),
+}
+
+impl ResultMessage {
+    /// The kinds this side reads (`kind` of the variants above).
+    pub const KINDS: [&'static str; 2] = ["started", "finished"];
+
+    /// Reads a message: the version first (a message of another version is not guessed at),
+    /// then the kind. A message without a kind (a worker of an earlier build) is a result, or a
+    /// start notice when it names the worker in `started`.
+    pub fn decode(body: &[u8]) -> Result<Self, WireError> {
+        #[derive(Deserialize)]
+        struct Head {
+            v: u32,
+            #[serde(default)]
+            kind: Option<String>,
+            #[serde(default)]
+            started: Option<String>,
+        }
+        let head: Head = serde_json::from_slice(body)?;
+        if head.v != WIRE_VERSION {
+            return Err(WireError::Version(head.v));
+        }
+        match head.kind {
+            Some(kind) if !Self::KINDS.contains(&kind.as_str()) => {
+                Err(WireError::UnknownKind(kind))
+            }
+            Some(_) => Ok(serde_json::from_slice(body)?),
+            None => {
+                let env: ResultEnvelope = serde_json::from_slice(body)?;
+                Ok(match head.started {
+                    Some(worker) => ResultMessage::Started(StartNotice {
+                        v: env.v,
+                        job_id: env.job_id,
+                        run_id: env.run_id,
+                        attempt: env.attempt,
+                        worker,
+                    }),
+                    None => ResultMessage::Finished(env),
+                })
+            }
+        }
+    }
+}
+
+/// A worker took a job: the watchdog's clock for it starts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StartNotice {
+    pub v: u32,
+    pub job_id: JobId,
+    pub run_id: RunId,
+    pub attempt: Attempt,
+    /// The worker that took the job.
+    pub worker: String,
+}
+
+/// A job's result, on the results queue (`ResultMessage::Finished`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ResultEnvelope {
     pub v: u32,
@@ -47,9 +121,6 @@ pub struct ResultEnvelope {
     /// The result itself when it is small (at most `INLINE_LIMIT` bytes of JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Box<JobResult>>,
-    /// A start notice instead of a result: the worker that took the job.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started: Option<String>,
 }
 
 /// A repository as the fleet sees it: packfiles in object storage that together hold every
@@ -73,7 +144,7 @@ pub struct WorktreeSpec {
 }
 
 /// One step of a scripted agent: files it writes and the output it returns.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptStep {
     #[serde(default)]
@@ -107,7 +178,7 @@ impl ScriptStep {
 }
 
 /// How agent nodes of a run are served. Belongs to the run, not the graph.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AgentConfig {
     /// Per node, the steps for visits 1, 2, ... (the last repeats).
@@ -128,7 +199,7 @@ impl Default for AgentConfig {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LlmConfig {
     pub model: String,
@@ -181,7 +252,8 @@ pub struct JobSpec {
     /// Command nodes: rendered command lines (split with shell rules, never run by a shell).
     pub commands: Vec<String>,
     pub worktree: Option<WorktreeSpec>,
-    /// Object key prefix for this job's artifacts, ending in `/`.
+    /// Object key prefix for this job's artifacts, ending in `/`. Each execution writes beneath
+    /// it in a folder of its own, `exec-<execution>/`; the run points to the accepted one's.
     pub artifact_prefix: String,
     pub agent: AgentConfig,
     /// The run context at the time the job started (input, visits, node outcomes); agent
@@ -195,7 +267,7 @@ pub struct JobSpec {
     pub continues: Option<String>,
     #[serde(default)]
     pub nudge_after_seconds: Option<u64>,
-    /// The worker announces the job's start (see `ResultEnvelope::started`).
+    /// The worker announces the job's start (a `ResultMessage::Started`).
     #[serde(default)]
     pub notify_start: bool,
     /// What the job's commit may change (the node's `writes`, evaluated); checked by the worker
@@ -204,7 +276,7 @@ pub struct JobSpec {
     pub write_scope: Option<crate::scope::WriteScope>,
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     /// The step ran and its checks passed.
@@ -220,7 +292,7 @@ pub enum JobStatus {
     Dead,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Usage {
     pub llm_calls: u32,
     pub input_tokens: u64,
@@ -251,10 +323,15 @@ pub struct JobResult {
     pub commit: Option<String>,
     /// Packfile holding the new commit's objects.
     pub pack: Option<String>,
-    /// Artifact name → object key.
+    /// Artifact name → object key. Every key lies under the job's `artifact_prefix` and then
+    /// `exec-<execution>/`: executions of one attempt never write to the same key.
     pub artifacts: BTreeMap<String, String>,
     pub usage: Usage,
     pub worker: String,
+    /// The execution of the attempt that made this result (`e<N>-<nonce>`, unique per worker
+    /// process); empty for results no execution made (a dead letter).
+    #[serde(default)]
+    pub execution: String,
     pub started_at: String,
     pub finished_at: String,
     /// Seconds spent inside the container (create to remove).
@@ -326,6 +403,109 @@ mod tests {
                 }),
             arb_json(),
         ]
+    }
+
+    fn finished() -> ResultEnvelope {
+        let result: JobResult = serde_json::from_value(json!({
+            "v": WIRE_VERSION, "job_id": "r1.a.1", "run_id": "r1", "attempt": 2,
+            "status": "ok", "output": {"n": 1.5}, "error": null, "commit": null, "pack": null,
+            "artifacts": {}, "usage": Usage::default(), "worker": "w1", "execution": "e1-aa",
+            "started_at": "t0", "finished_at": "t1", "container_seconds": 0.25,
+        }))
+        .unwrap();
+        ResultEnvelope {
+            v: WIRE_VERSION,
+            job_id: JobId::new("r1.a.1"),
+            run_id: RunId::new("r1"),
+            attempt: 2,
+            result_ref: "blobs/abc".into(),
+            result: Some(Box::new(result)),
+        }
+    }
+
+    #[test]
+    fn each_result_message_round_trips_under_its_kind() {
+        let started = ResultMessage::Started(StartNotice {
+            v: WIRE_VERSION,
+            job_id: JobId::new("r1.a.1"),
+            run_id: RunId::new("r1"),
+            attempt: 2,
+            worker: "w1".into(),
+        });
+        let stored = ResultEnvelope {
+            result: None,
+            ..finished()
+        };
+        for (msg, kind) in [
+            (started, "started"),
+            (ResultMessage::Finished(finished()), "finished"),
+            (ResultMessage::Finished(stored), "finished"),
+        ] {
+            let body = serde_json::to_vec(&msg).unwrap();
+            let raw: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(raw["kind"], kind);
+            assert_eq!(raw["v"], WIRE_VERSION);
+            assert!(ResultMessage::KINDS.contains(&kind));
+            assert_eq!(ResultMessage::decode(&body).unwrap(), msg);
+        }
+    }
+
+    #[test]
+    fn another_version_an_unknown_kind_or_junk_is_refused() {
+        let mut body = serde_json::to_value(ResultMessage::Finished(finished())).unwrap();
+        body["v"] = json!(WIRE_VERSION + 1);
+        let err = ResultMessage::decode(body.to_string().as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, WireError::Version(v) if v == WIRE_VERSION + 1),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "wire version {}; this side speaks {WIRE_VERSION}",
+                WIRE_VERSION + 1
+            )
+        );
+        // The version is read before the kind: a later version may have other kinds.
+        body["kind"] = json!("paused");
+        let err = ResultMessage::decode(body.to_string().as_bytes()).unwrap_err();
+        assert!(matches!(err, WireError::Version(_)), "{err}");
+        body["v"] = json!(WIRE_VERSION);
+        let err = ResultMessage::decode(body.to_string().as_bytes()).unwrap_err();
+        assert_eq!(err.to_string(), "unknown result message kind `paused`");
+        let junk: [&[u8]; 3] = [b"not json", br#"{"kind": "started"}"#, b"[1]"];
+        for junk in junk {
+            let err = ResultMessage::decode(junk).unwrap_err();
+            assert!(matches!(err, WireError::Malformed(_)), "{err}");
+        }
+        // A known kind without its fields.
+        let err = ResultMessage::decode(br#"{"v": 1, "kind": "started"}"#).unwrap_err();
+        assert!(
+            err.to_string().starts_with("not a result message: "),
+            "{err}"
+        );
+    }
+
+    /// Envelopes of workers from before the kinds: a result, or a start notice that names its
+    /// worker in `started`.
+    #[test]
+    fn envelopes_without_a_kind_are_still_read() {
+        let mut old = serde_json::to_value(finished()).unwrap();
+        assert!(old.get("kind").is_none());
+        let read = ResultMessage::decode(old.to_string().as_bytes()).unwrap();
+        assert_eq!(read, ResultMessage::Finished(finished()));
+        old["result_ref"] = json!("");
+        old.as_object_mut().unwrap().remove("result");
+        old["started"] = json!("w1");
+        match ResultMessage::decode(old.to_string().as_bytes()).unwrap() {
+            ResultMessage::Started(n) => {
+                assert_eq!(
+                    (n.job_id.as_str(), n.attempt, n.worker.as_str()),
+                    ("r1.a.1", 2, "w1")
+                )
+            }
+            other => panic!("a start notice, not {other:?}"),
+        }
     }
 
     #[test]

@@ -415,6 +415,60 @@ impl Stack {
         serde_json::from_str(&text).with_context(|| format!("artifact {key} is not json"))
     }
 
+    /// The key of artifact `name` of `node`'s visit `visit`, as the run points to it: the
+    /// accepted execution's (read from the run's log, never guessed from a layout).
+    pub async fn artifact_key(
+        &self,
+        run: &str,
+        node: &str,
+        visit: u32,
+        name: &str,
+    ) -> anyhow::Result<String> {
+        let logs = self.get(&format!("/v1/runs/{run}/logs")).await?;
+        let entry = logs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["node"] == node && e["visit"] == visit && e["artifacts"][name].is_string())
+            .with_context(|| {
+                format!("run {run} has no artifact `{name}` of {node} visit {visit}: {logs}")
+            })?;
+        let key = entry["artifacts"][name]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let execution = entry["execution"].as_str().unwrap_or_default();
+        anyhow::ensure!(
+            !execution.is_empty() && key.contains(&format!("/exec-{execution}/")),
+            "artifact {key} lies in the accepted execution's folder (`{execution}`)"
+        );
+        Ok(key)
+    }
+
+    /// Artifact `name` of `node`'s visit `visit` (see `artifact_key`), as JSON.
+    pub async fn node_artifact_json(
+        &self,
+        run: &str,
+        node: &str,
+        visit: u32,
+        name: &str,
+    ) -> anyhow::Result<Value> {
+        let key = self.artifact_key(run, node, visit, name).await?;
+        self.artifact_json(&key).await
+    }
+
+    /// Artifact `name` of `node`'s visit `visit` (see `artifact_key`), as text.
+    pub async fn node_artifact_text(
+        &self,
+        run: &str,
+        node: &str,
+        visit: u32,
+        name: &str,
+    ) -> anyhow::Result<String> {
+        let key = self.artifact_key(run, node, visit, name).await?;
+        self.get_text(&format!("/v1/artifacts/{key}")).await
+    }
+
     /// Polls the run every 100 ms until it is terminal; returns its status view.
     pub async fn wait_run(&self, run: &str, timeout: Duration) -> anyhow::Result<Value> {
         self.wait_run_every(run, timeout, Duration::from_millis(100))

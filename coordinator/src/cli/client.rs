@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use shared::engine::RunStatus;
 
 pub use shared::http::{
-    CancelAnswer, Decided, LogEntry, RunListing, RunOutcome, RunSummary, Submitted,
+    ArtifactListing, CancelAnswer, Decided, LogEntry, RunListing, RunOutcome, RunSummary, Submitted,
 };
 
 /// Bodies that carry the API version they speak.
@@ -26,7 +26,14 @@ macro_rules! versioned {
         }
     )*};
 }
-versioned!(Submitted, RunSummary, RunOutcome, CancelAnswer, Decided);
+versioned!(
+    Submitted,
+    RunSummary,
+    RunOutcome,
+    CancelAnswer,
+    Decided,
+    ArtifactListing
+);
 
 impl<T> Versioned for Vec<T> {
     fn version(&self) -> Option<u32> {
@@ -165,7 +172,7 @@ impl Client {
         self.get(&format!("/v1/runs/{run}/logs")).await
     }
 
-    pub async fn artifacts(&self, run: &str) -> anyhow::Result<Vec<String>> {
+    pub async fn artifacts(&self, run: &str) -> anyhow::Result<ArtifactListing> {
         self.get(&format!("/v1/runs/{run}/artifacts")).await
     }
 

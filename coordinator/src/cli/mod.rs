@@ -166,8 +166,18 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             let client = Client::new(&a.server.server);
             match &a.get {
                 None => {
-                    for k in client.artifacts(&a.run_id).await? {
+                    let listing = client.artifacts(&a.run_id).await?;
+                    for k in listing.keys {
                         out.line(k)?;
+                    }
+                    if !listing.superseded.is_empty() {
+                        out.line(format!(
+                            "# {} artifacts of executions the run did not accept:",
+                            listing.superseded.len()
+                        ))?;
+                        for k in listing.superseded {
+                            out.line(format!("# {k}"))?;
+                        }
                     }
                 }
                 Some(key) => {

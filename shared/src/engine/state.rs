@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Pending,
@@ -28,7 +28,7 @@ impl RunStatus {
     }
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Pending,
@@ -79,6 +79,9 @@ pub struct Outcome {
     pub artifacts: BTreeMap<String, String>,
     pub usage: Usage,
     pub worker: String,
+    /// The execution whose result was accepted (its artifacts are the ones `artifacts` names).
+    #[serde(default)]
+    pub execution: String,
     pub started_at: String,
     pub finished_at: String,
     /// Seconds the job's container lived (create to remove); 0 for jobs without one.
@@ -97,7 +100,7 @@ pub struct JoinState {
     pub fired: u32,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Decision {
     pub approved: bool,
     pub by: String,
@@ -105,7 +108,7 @@ pub struct Decision {
     pub at: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ApprovalState {
     pub requested_at: String,
     pub visit: u32,
@@ -252,6 +255,7 @@ impl Outcome {
             artifacts: BTreeMap::new(),
             usage: Usage::default(),
             worker: String::new(),
+            execution: String::new(),
             started_at: at.to_string(),
             finished_at: at.to_string(),
             container_seconds: 0.0,

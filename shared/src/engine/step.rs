@@ -5,10 +5,11 @@
 
 use super::context::outcome_view;
 use super::events::{Assembler, Effect};
+use super::fanout::FanOut;
 use super::state::{ApprovalState, Decision, JobRecord, JobState, Outcome, RunState, RunStatus};
 use super::EngineError;
 use crate::expr::{self, ExprError};
-use crate::graph::{GraphBundle, Node, NodeKind};
+use crate::graph::{GraphBundle, Node, NodeBody};
 use crate::ids::{JobId, NodeId};
 use crate::messages::{JobResult, JobStatus, Usage};
 use serde_json::{json, Map, Value};
@@ -117,6 +118,7 @@ impl Engine<'_> {
             artifacts: result.artifacts.clone(),
             usage: result.usage,
             worker: result.worker.clone(),
+            execution: result.execution.clone(),
             started_at: result.started_at.clone(),
             finished_at: result.finished_at.clone(),
             container_seconds: result.container_seconds,
@@ -280,6 +282,7 @@ impl Engine<'_> {
             artifacts: BTreeMap::new(),
             usage: Usage::default(),
             worker: String::new(),
+            execution: String::new(),
             started_at: approval.requested_at.clone(),
             finished_at: self.at.to_string(),
             container_seconds: 0.0,
@@ -304,9 +307,11 @@ impl Engine<'_> {
         from: Option<&NodeId>,
     ) -> Result<(), EngineError> {
         let n = self.node(id)?.clone();
-        match n.kind {
-            NodeKind::Join => return self.arrive(id, &n, branch, from),
-            NodeKind::Exit => return self.exit(id, &n, branch),
+        match &n.body {
+            NodeBody::Join { .. } => return self.arrive(id, &n, branch, from),
+            NodeBody::Exit { status, result } => {
+                return self.exit(id, status, result.as_deref(), branch)
+            }
             _ => {}
         }
         let visit = self.state.visits.get(id).copied().unwrap_or(0) + 1;
@@ -321,9 +326,11 @@ impl Engine<'_> {
             }
         }
         self.state.visits.insert(id.clone(), visit);
-        match n.kind {
-            NodeKind::Fanout => self.fan_out(id, &n, visit, branch),
-            NodeKind::Approval => {
+        match &n.body {
+            NodeBody::Fanout { over, body, join } => {
+                self.fan_out(id, FanOut { over, body, join }, visit, branch)
+            }
+            NodeBody::Approval => {
                 self.state.approvals.insert(
                     id.clone(),
                     ApprovalState {
@@ -345,13 +352,13 @@ impl Engine<'_> {
     pub(super) fn exit(
         &mut self,
         id: &NodeId,
-        n: &Node,
+        status: &str,
+        assembler: Option<&str>,
         branch: Option<u32>,
     ) -> Result<(), EngineError> {
         let ctx = self.state.context_in(branch);
-        let cond = n.status.as_deref().unwrap_or("false");
-        let success = expr::eval_bool(cond, &ctx).map_err(Self::expr_err(id))?;
-        let result = match n.result.as_deref().and_then(|r| (self.assemble)(r)) {
+        let success = expr::eval_bool(status, &ctx).map_err(Self::expr_err(id))?;
+        let result = match assembler.and_then(|r| (self.assemble)(r)) {
             Some(f) => f(self.state, id, success, self.at),
             None => generic_result(self.state, id, success),
         };

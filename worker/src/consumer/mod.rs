@@ -26,7 +26,9 @@ pub(crate) use executions::{Admission, Delivery, Executions};
 
 use crate::queue::{Broker, Incoming, QueueName};
 use crate::runner::Runner;
-use shared::messages::{JobEnvelope, JobSpec, ResultEnvelope, INLINE_LIMIT, WIRE_VERSION};
+use shared::messages::{
+    JobEnvelope, JobSpec, ResultEnvelope, ResultMessage, StartNotice, INLINE_LIMIT, WIRE_VERSION,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -163,16 +165,14 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
     };
     info!(job = %spec.job_id, attempt = spec.attempt, delivery = count, node = %spec.node, "job started");
     if spec.notify_start {
-        let notice = ResultEnvelope {
+        let notice = ResultMessage::Started(StartNotice {
             v: WIRE_VERSION,
             job_id: spec.job_id.clone(),
             run_id: spec.run_id.clone(),
             attempt: spec.attempt,
-            result_ref: String::new(),
-            result: None,
-            started: Some(runner.config.id.clone()),
-        };
-        let body = serde_json::to_vec(&notice).expect("envelope serializes");
+            worker: runner.config.id.clone(),
+        });
+        let body = serde_json::to_vec(&notice).expect("a start notice serializes");
         let id = format!("{}.a{}.started", spec.job_id, spec.attempt);
         if let Err(e) = broker.publish(QueueName::Results, &body, &id).await {
             // Only the watchdog misses it: the job itself goes on.
@@ -180,7 +180,8 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
         }
     }
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let result = match runner.run(&spec).await {
+    let exec = runner.execution(&spec);
+    let result = match runner.run_as(&spec, &exec).await {
         Ok(r) => r,
         Err(e) if e.is_transient() => {
             let reason = e.reason();
@@ -205,7 +206,7 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
                 .failures
                 .with_label_values(&["permanent"])
                 .inc();
-            crate::runner::permanent_result(&spec, &runner.config.id, started_at, reason)
+            crate::runner::permanent_result(&spec, &runner.config.id, &exec.tag, started_at, reason)
         }
     };
     let stored = async {
@@ -214,15 +215,14 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
             .inline_or_store(&result, INLINE_LIMIT)
             .await
             .map_err(|e| e.to_string())?;
-        let envelope = ResultEnvelope {
+        let envelope = ResultMessage::Finished(ResultEnvelope {
             v: WIRE_VERSION,
             job_id: spec.job_id.clone(),
             run_id: spec.run_id.clone(),
             attempt: spec.attempt,
             result_ref: key,
             result: inline.map(Box::new),
-            started: None,
-        };
+        });
         let body = serde_json::to_vec(&envelope).map_err(|e| e.to_string())?;
         broker
             .publish(

@@ -26,6 +26,14 @@ pub struct Execution {
     pub container: String,
 }
 
+impl Execution {
+    /// Where this execution's artifacts go: a folder of its own beneath the job's prefix, so a
+    /// duplicate execution of the attempt never overwrites the one the run accepted.
+    pub fn artifact_prefix(&self, spec: &JobSpec) -> String {
+        format!("{}exec-{}/", spec.artifact_prefix, self.tag)
+    }
+}
+
 /// The job folder, removed whenever the execution ends: a result, an error, a panic. `remove`
 /// does it on the blocking pool; dropped without it (a panic on the way), it is removed where
 /// it is dropped.

@@ -194,7 +194,8 @@ impl Runner {
                     warn!(job = %spec.job_id, container = %exec.container, error = %e, "could not remove the container of a panicked job");
                 }
                 folder.remove().await;
-                let result = panicked_result(spec, &self.config.id, started_at, &message);
+                let result =
+                    panicked_result(spec, &self.config.id, &exec.tag, started_at, &message);
                 self.metrics.job_panicked();
                 self.metrics.observe_job(
                     spec.kind,
@@ -215,9 +216,10 @@ impl Runner {
         stop: &CancellationToken,
         started_at: String,
     ) -> Result<JobResult, RunError> {
+        let prefix = exec.artifact_prefix(spec);
         let mut art = Artifacts {
             blobs: &self.blobs,
-            prefix: &spec.artifact_prefix,
+            prefix: &prefix,
             written: Default::default(),
         };
         let Executed {
@@ -241,6 +243,7 @@ impl Runner {
             artifacts: art.written,
             usage,
             worker: self.config.id.clone(),
+            execution: exec.tag.clone(),
             started_at,
             finished_at: now(),
             container_seconds,

@@ -17,7 +17,13 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// An `Error` result of the attempt, carrying `error`.
-pub fn error_result(spec: &JobSpec, worker: &str, started_at: String, error: String) -> JobResult {
+pub fn error_result(
+    spec: &JobSpec,
+    worker: &str,
+    execution: &str,
+    started_at: String,
+    error: String,
+) -> JobResult {
     JobResult {
         v: WIRE_VERSION,
         job_id: spec.job_id.clone(),
@@ -31,6 +37,7 @@ pub fn error_result(spec: &JobSpec, worker: &str, started_at: String, error: Str
         artifacts: Default::default(),
         usage: Usage::default(),
         worker: worker.to_string(),
+        execution: execution.to_string(),
         started_at,
         finished_at: now(),
         container_seconds: 0.0,
@@ -42,12 +49,14 @@ pub fn error_result(spec: &JobSpec, worker: &str, started_at: String, error: Str
 pub fn panicked_result(
     spec: &JobSpec,
     worker: &str,
+    execution: &str,
     started_at: String,
     message: &str,
 ) -> JobResult {
     error_result(
         spec,
         worker,
+        execution,
         started_at,
         format!(
             "the worker panicked running this job: {}",
@@ -61,12 +70,14 @@ pub fn panicked_result(
 pub fn permanent_result(
     spec: &JobSpec,
     worker: &str,
+    execution: &str,
     started_at: String,
     reason: &str,
 ) -> JobResult {
     error_result(
         spec,
         worker,
+        execution,
         started_at,
         format!(
             "the job cannot run (a permanent failure, not retried): {}",

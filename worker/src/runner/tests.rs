@@ -53,7 +53,13 @@ fn the_panic_message_comes_from_str_and_string_payloads() {
 
 #[test]
 fn a_panic_becomes_an_error_result_of_the_same_attempt() {
-    let r = panicked_result(&spec(), "w1", "2024-01-01T00:00:00.000Z".into(), "boom");
+    let r = panicked_result(
+        &spec(),
+        "w1",
+        "e1-x",
+        "2024-01-01T00:00:00.000Z".into(),
+        "boom",
+    );
     assert_eq!(r.status, JobStatus::Error);
     assert_eq!(
         r.error.as_deref(),
@@ -63,10 +69,11 @@ fn a_panic_becomes_an_error_result_of_the_same_attempt() {
     assert_eq!(r.job_id.as_str(), "r1.po.1");
     assert_eq!(r.run_id.as_str(), "r1");
     assert_eq!(r.worker, "w1");
+    assert_eq!(r.execution, "e1-x");
     assert_eq!(r.output, Value::Null);
     assert!(r.commit.is_none() && r.pack.is_none() && r.artifacts.is_empty());
     // A huge message is cut, so the result stays small.
-    let long = panicked_result(&spec(), "w1", String::new(), &"x".repeat(10_000));
+    let long = panicked_result(&spec(), "w1", "e2-x", String::new(), &"x".repeat(10_000));
     assert!(long.error.unwrap().len() < 2_200);
 }
 
@@ -77,6 +84,24 @@ fn container_names_carry_the_execution_and_stay_docker_safe() {
     assert_ne!(
         container_name("w1", &spec(), "e1-0abc12"),
         container_name("w1", &spec(), "e2-0abc12")
+    );
+}
+
+#[test]
+fn each_execution_writes_its_artifacts_beneath_a_folder_of_its_own() {
+    let at = |tag: &str| Execution {
+        tag: tag.to_string(),
+        dir: std::path::PathBuf::from("/unused"),
+        container: String::new(),
+    };
+    assert_eq!(
+        at("e1-0abc12").artifact_prefix(&spec()),
+        "runs/r1/po_1/exec-e1-0abc12/"
+    );
+    assert_ne!(
+        at("e1-0abc12").artifact_prefix(&spec()),
+        at("e1-9fff00").artifact_prefix(&spec()),
+        "two workers' first executions of the same attempt"
     );
 }
 
@@ -100,6 +125,7 @@ fn a_permanent_failure_becomes_an_error_result_of_the_same_attempt() {
     let r = permanent_result(
         &spec(),
         "w1",
+        "e1-x",
         "2024-01-01T00:00:00.000Z".into(),
         "node `ghost` is not in the job's graph `g`",
     );

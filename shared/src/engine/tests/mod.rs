@@ -83,6 +83,7 @@ fn result(job: &JobId, attempt: Attempt, status: JobStatus, output: Value) -> Ev
             artifacts: BTreeMap::new(),
             usage: Usage::default(),
             worker: "w".into(),
+            execution: "e1-test".into(),
             started_at: "s".into(),
             finished_at: "f".into(),
             container_seconds: 0.0,
