@@ -162,9 +162,11 @@ async fn a_job_writing_past_its_disk_quota_is_killed_and_fails_and_its_folder_go
     wait_no_containers(&format!("fleet.worker={worker}"), Duration::from_secs(10)).await?;
     wait_empty(&jobs_dir(&stack, &worker), Duration::from_secs(10)).await?;
     stack
-        .wait_for_log(
+        .wait_for_metric(
             &worker,
-            "the job folder went over its disk quota",
+            "fleet_worker_disk_quota_exceeded_total",
+            &[],
+            1.0,
             Duration::from_secs(5),
         )
         .await?;
@@ -194,9 +196,11 @@ async fn a_worker_killed_mid_job_and_restarted_leaves_no_job_folder_and_no_conta
 
     stack.start_worker(&worker)?;
     stack
-        .wait_for_log(
+        .wait_for_metric(
             &worker,
-            "removed job folders left by an earlier process",
+            "fleet_worker_job_dirs_removed_total",
+            &[("why", "start")],
+            1.0,
             Duration::from_secs(30),
         )
         .await?;
@@ -247,9 +251,11 @@ async fn stale_job_folders_are_removed_but_never_a_running_jobs() -> anyhow::Res
     std::fs::create_dir_all(stale.join("wt"))?;
     std::fs::write(stale.join("wt/file"), b"left")?;
     stack
-        .wait_for_log(
+        .wait_for_metric(
             &worker,
-            "removed stale job folders",
+            "fleet_worker_job_dirs_removed_total",
+            &[("why", "stale")],
+            1.0,
             Duration::from_secs(10),
         )
         .await?;

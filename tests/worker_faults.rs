@@ -132,9 +132,11 @@ async fn a_second_delivery_of_a_running_job_does_not_disturb_it() -> anyhow::Res
     // The same job, same attempt, delivered again while the first execution runs.
     publish(&ch, &queue, &po_envelope).await?;
     stack
-        .wait_for_log(
+        .wait_for_metric(
             &worker,
-            "a delivery of an attempt already running here",
+            "fleet_worker_duplicate_deliveries_total",
+            &[("state", "running")],
+            1.0,
             Duration::from_secs(20),
         )
         .await?;
@@ -177,15 +179,20 @@ async fn a_second_delivery_of_a_running_job_does_not_disturb_it() -> anyhow::Res
         .filter_map(|e| e["node"].as_str())
         .collect();
     assert_eq!(nodes, vec!["se", "tr", "po"], "{logs}");
+    // Four deliveries acked: se, tr, po, and the held copy of po once po's result was reported.
     stack
-        .wait_for_log(&worker, "acking a held delivery", Duration::from_secs(10))
+        .wait_for_metric(
+            &worker,
+            "fleet_worker_deliveries_total",
+            &[("settled", "acked")],
+            4.0,
+            Duration::from_secs(10),
+        )
         .await?;
-    let log = stack.log(&worker);
-    assert_eq!(
-        log.matches("job started").count(),
-        3,
-        "se, tr and po each started once:\n{log}"
-    );
+    let ran = stack
+        .worker_metric(&worker, "fleet_worker_jobs_total", &[])
+        .await?;
+    assert_eq!(ran, 3.0, "se, tr and po each ran once");
 
     // Nothing is left: no container of the worker, no job folder, no message in the queue.
     let deadline = Instant::now() + Duration::from_secs(10);

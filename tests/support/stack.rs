@@ -110,6 +110,8 @@ pub struct Stack {
     coordinator: Proc,
     extra_coordinators: Vec<Proc>,
     workers: BTreeMap<String, Proc>,
+    /// Where each worker serves `/metrics`.
+    metrics: BTreeMap<String, String>,
     /// Extra environment of workers started from now on.
     pub worker_env: Vec<(String, String)>,
     /// Extra environment of coordinators started from now on.
@@ -184,6 +186,7 @@ impl Stack {
             coordinator,
             extra_coordinators: Vec::new(),
             workers: BTreeMap::new(),
+            metrics: BTreeMap::new(),
             worker_env: owned(worker_env),
             coordinator_env: owned(coordinator_env),
             common_env: owned(common_env),
@@ -221,6 +224,9 @@ impl Stack {
         env.extend(self.worker_env.iter().cloned());
         let work_dir = self.dir.path().join(format!("work-{id}"));
         let log = self.log_dir.join(format!("{id}.log"));
+        let metrics = free_local_addr()?;
+        env.push(("FLEET_METRICS_LISTEN".into(), metrics.clone()));
+        self.metrics.insert(id.to_string(), metrics);
         // Keep earlier logs of the same worker id (restarts append).
         let proc = spawn(
             &[
@@ -345,6 +351,51 @@ impl Stack {
                 .unwrap_or_default()
         };
         std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    /// The sum of a worker's samples of `metric` whose labels contain every `labels` pair
+    /// (`key="value"`), read from its `/metrics`.
+    pub async fn worker_metric(
+        &self,
+        id: &str,
+        metric: &str,
+        labels: &[(&str, &str)],
+    ) -> anyhow::Result<f64> {
+        let addr = self
+            .metrics
+            .get(id)
+            .ok_or_else(|| anyhow!("no worker {id}"))?;
+        let text = self
+            .http
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(sum_samples(&text, metric, labels))
+    }
+
+    /// Waits until a worker's `metric` (see `worker_metric`) reaches `at_least`: what the
+    /// worker did, read from its state rather than its log.
+    pub async fn wait_for_metric(
+        &self,
+        id: &str,
+        metric: &str,
+        labels: &[(&str, &str)],
+        at_least: f64,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.worker_metric(id, metric, labels).await.unwrap_or(0.0);
+            if now >= at_least {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("{metric}{labels:?} of {id} is {now} after {timeout:?}, not {at_least}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub async fn wait_for_log(
@@ -692,4 +743,31 @@ pub fn slow_po_work_order(dir: &Path, seconds: u32) -> anyhow::Result<PathBuf> {
     let path = dir.join("slow_po_work_order.json");
     std::fs::write(&path, serde_json::to_vec(&order)?)?;
     Ok(path)
+}
+
+/// A free address on 127.0.0.1 for a process to listen on.
+fn free_local_addr() -> anyhow::Result<String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.to_string())
+}
+
+/// The sum of the samples of `metric` in a Prometheus text exposition whose labels contain
+/// every pair of `labels`.
+pub fn sum_samples(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name_labels, value) = l.rsplit_once(' ')?;
+            let (name, rest) = match name_labels.split_once('{') {
+                Some((n, r)) => (n, r),
+                None => (name_labels, ""),
+            };
+            (name == metric
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum()
 }
