@@ -71,6 +71,7 @@ mod broker_on_rabbitmq {
         a_job_requeued_past_the_delivery_limit_is_dead_lettered,
         publish_many_delivers_all_in_order,
         queues_are_separate,
+        a_consumer_that_goes_away_loses_no_message,
         broadcast_reaches_every_listener,
     );
 }

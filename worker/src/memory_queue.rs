@@ -140,18 +140,22 @@ impl Broker for MemoryBroker {
     }
 
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming> {
-        let (_, rx) = self.channel(queue);
+        let (back, rx) = self.channel(queue);
         let (out_tx, out_rx) = mpsc::channel(prefetch.max(1) as usize);
         tokio::spawn(async move {
             loop {
-                let next = rx.lock().await.recv().await;
-                match next {
-                    Some(msg) => {
-                        if out_tx.send(msg).await.is_err() {
-                            return;
-                        }
-                    }
-                    None => return,
+                // Stop taking messages as soon as the consumer is gone (recv is cancel-safe).
+                let next = tokio::select! {
+                    biased;
+                    _ = out_tx.closed() => return,
+                    m = async { rx.lock().await.recv().await } => m,
+                };
+                let Some(msg) = next else { return };
+                if let Err(mpsc::error::SendError(msg)) = out_tx.send(msg).await {
+                    // The consumer went away while this one was on its way: back to the queue,
+                    // as a broker does with the unacked messages of a closed channel.
+                    let _ = back.send(msg);
+                    return;
                 }
             }
         });
@@ -189,6 +193,10 @@ mod tests {
     #[tokio::test]
     async fn queues_are_separate() {
         c::queues_are_separate(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn a_consumer_that_goes_away_loses_no_message() {
+        c::a_consumer_that_goes_away_loses_no_message(&MemoryBroker::default()).await;
     }
     #[tokio::test]
     async fn broadcast_reaches_every_listener() {

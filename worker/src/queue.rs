@@ -192,6 +192,29 @@ pub mod conformance {
         nothing(&mut jobs, "past the limit").await;
     }
 
+    /// A consumer that stops (a coordinator or worker shutting down) loses nothing: what it had
+    /// not acked, or was about to take, goes to the next consumer.
+    pub async fn a_consumer_that_goes_away_loses_no_message(b: &dyn Broker) {
+        let mut first = b.subscribe(QueueName::Jobs, 8);
+        b.publish(QueueName::Jobs, b"warm", "warm").await.unwrap();
+        next(&mut first, "the first consumer is up")
+            .await
+            .ack()
+            .await
+            .unwrap();
+        drop(first);
+        b.publish(QueueName::Jobs, b"kept", "kept").await.unwrap();
+        let mut second = b.subscribe(QueueName::Jobs, 8);
+        let m = next(
+            &mut second,
+            "the message published as the first consumer left",
+        )
+        .await;
+        assert_eq!(m.body, b"kept");
+        m.ack().await.unwrap();
+        nothing(&mut second, "after the ack").await;
+    }
+
     pub async fn publish_many_delivers_all_in_order(b: &dyn Broker) {
         let mut jobs = b.subscribe(QueueName::Jobs, 16);
         let batch: Vec<(Vec<u8>, String)> = (0..6)
