@@ -41,18 +41,16 @@ async fn poison_jobs_are_dead_lettered_and_fail_their_run_with_a_clear_reason() 
     // Not even an envelope: the worker dead-letters it, the coordinator drops it, nothing breaks.
     publish_raw(&jobs, b"this is not json").await?;
     stack
-        .wait_for_log(
+        .wait_for_metric(
             &format!("{}-w1", stack.ns),
-            "poison message",
+            "fleet_worker_deliveries_total",
+            &[("settled", "rejected")],
+            1.0,
             Duration::from_secs(20),
         )
         .await?;
     stack
-        .wait_for_log(
-            "coordinator",
-            "dropping a poison message",
-            Duration::from_secs(20),
-        )
+        .wait_for_coordinator_metric("fleet_poison_messages_total", 1.0, Duration::from_secs(20))
         .await?;
 
     // An envelope for a real pending job whose spec cannot be read.

@@ -12,6 +12,8 @@ pub struct CoordinatorMetrics {
     pub jobs_published: IntCounter,
     pub reissued: IntCounter,
     pub restored: IntCounter,
+    /// Messages on the results or dead-letter queue that could not be read, dead-lettered.
+    pub poison: IntCounter,
 }
 
 impl CoordinatorMetrics {
@@ -71,8 +73,15 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(restored.clone()))
             .expect("unique");
+        let poison = IntCounter::new(
+            "fleet_poison_messages_total",
+            "result or dead-letter messages that could not be read, dropped",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(poison.clone())).expect("unique");
         Self {
             registry,
+            poison,
             runs_created,
             runs_finished,
             events,

@@ -198,12 +198,38 @@ impl Stack {
             let id = format!("{ns}-w{i}");
             stack.start_worker(&id)?;
         }
-        for id in stack.worker_ids() {
-            stack
-                .wait_for_log(&id, "consuming", Duration::from_secs(30))
-                .await?;
-        }
+        stack.wait_consumers(workers as u32).await?;
         Ok(stack)
+    }
+
+    /// Waits until `n` consumers are on the job queue: the workers are up (the broker's state,
+    /// not a log line).
+    pub async fn wait_consumers(&self, n: u32) -> anyhow::Result<()> {
+        use lapin::options::QueueDeclareOptions;
+        let conn =
+            lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default()).await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let queue = format!("{}.jobs", self.ns);
+        loop {
+            // A fresh channel each time: a passive declare of a queue not made yet closes it.
+            let ch = conn.create_channel().await?;
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let have = match ch.queue_declare(&queue, passive, Default::default()).await {
+                Ok(q) => q.consumer_count(),
+                Err(_) => 0,
+            };
+            if have >= n {
+                let _ = conn.close(200, "ready").await;
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("{have} of {n} workers consume {queue} after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn worker_ids(&self) -> Vec<String> {
@@ -398,23 +424,27 @@ impl Stack {
         }
     }
 
-    pub async fn wait_for_log(
+    /// Waits until the coordinator's `metric` (its `/metrics`) reaches `at_least`.
+    pub async fn wait_for_coordinator_metric(
         &self,
-        id: &str,
-        needle: &str,
+        metric: &str,
+        at_least: f64,
         timeout: Duration,
     ) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.log(id).contains(needle) {
+        loop {
+            let now = match self.get_text("/metrics").await {
+                Ok(text) => sum_samples(&text, metric, &[]),
+                Err(_) => 0.0,
+            };
+            if now >= at_least {
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            if Instant::now() >= deadline {
+                bail!("the coordinator's {metric} is {now} after {timeout:?}, not {at_least}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        bail!(
-            "`{needle}` not in the log of {id} after {timeout:?}:\n{}",
-            self.log(id)
-        )
     }
 
     async fn wait_healthy(&self) -> anyhow::Result<()> {
