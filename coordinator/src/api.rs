@@ -562,7 +562,7 @@ mod tests {
                 agent: Default::default(),
             },
             &bundle,
-            "2024-01-01T00:00:00Z",
+            "2024-01-01T00:00:00Z".parse().unwrap(),
         );
         assert!(belongs_to(&state, "runs/r1/run_summary.json"));
         assert!(!belongs_to(&state, "runs/r10/run_summary.json"));
@@ -572,7 +572,8 @@ mod tests {
             "job_id": "r1.c.1", "node": "c", "visit": 1, "ok": true, "status": "ok",
             "output": {}, "error": null, "commit": null, "artifacts": {},
             "usage": shared::messages::Usage::default(),
-            "worker": "w", "started_at": "", "finished_at": "",
+            "worker": "w", "started_at": "2024-01-01T00:00:00.000Z",
+            "finished_at": "2024-01-01T00:00:01.000Z",
         }))
         .unwrap_or_else(|e| panic!("an outcome: {e}"));
         outcome.artifacts.insert("x".into(), "blobs/abc".into());

@@ -3,7 +3,7 @@
 //! what runs: `shared::factory::RunIdentity`), and uploads the graph bundle and the repo pack.
 //! An id that names an existing run returns it only when the contents are the same.
 
-use crate::driver::{now, Coordinator, DriverError};
+use crate::driver::{Coordinator, DriverError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use shared::engine::RunState;
@@ -166,7 +166,7 @@ pub async fn submit_as(
             agent: req.agent,
         },
         &bundle,
-        &now(),
+        coord.clock.now(),
     );
     match coord.create_run(state, &bundle).await {
         Ok(true) => Ok(SubmitResponse {
@@ -412,7 +412,7 @@ mod tests {
                 agent: script(&[("a", 1)]),
             },
             &bundle,
-            "2024-01-01T00:00:00Z",
+            "2024-01-01T00:00:00Z".parse().unwrap(),
         )
     }
 

@@ -5,6 +5,7 @@
 use crate::engine::{ApprovalState, JobState, RunState, RunStatus};
 use crate::ids::{JobId, NodeId, RunId};
 use crate::messages::{JobStatus, Usage};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -42,10 +43,15 @@ pub struct RunListing {
     #[serde(default)]
     pub graph: String,
     pub status: RunStatus,
+    /// Absent in bodies of servers before this field.
+    #[serde(
+        default,
+        deserialize_with = "crate::time::empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub created_at: Option<DateTime<Utc>>,
     #[serde(default)]
-    pub created_at: String,
-    #[serde(default)]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 impl RunListing {
@@ -54,8 +60,8 @@ impl RunListing {
             run_id: s.run_id.clone(),
             graph: s.graph_name.clone(),
             status: s.status,
-            created_at: s.created_at.clone(),
-            finished_at: s.finished_at.clone(),
+            created_at: Some(s.created_at),
+            finished_at: s.finished_at,
         }
     }
 }
@@ -79,12 +85,22 @@ pub struct RunSummary {
     pub jobs_total: u64,
     #[serde(default)]
     pub jobs_pending: u64,
+    /// Absent in bodies of servers before this field.
+    #[serde(
+        default,
+        deserialize_with = "crate::time::empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub created_at: Option<DateTime<Utc>>,
+    /// Absent in bodies of servers before this field.
+    #[serde(
+        default,
+        deserialize_with = "crate::time::empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub updated_at: Option<DateTime<Utc>>,
     #[serde(default)]
-    pub created_at: String,
-    #[serde(default)]
-    pub updated_at: String,
-    #[serde(default)]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 impl RunSummary {
@@ -107,9 +123,9 @@ impl RunSummary {
             usage: s.usage,
             jobs_total: s.jobs.len() as u64,
             jobs_pending: s.pending_jobs().count() as u64,
-            created_at: s.created_at.clone(),
-            updated_at: s.updated_at.clone(),
-            finished_at: s.finished_at.clone(),
+            created_at: Some(s.created_at),
+            updated_at: Some(s.updated_at),
+            finished_at: s.finished_at,
         }
     }
 }
@@ -122,12 +138,12 @@ pub struct JobView {
     pub visit: u32,
     pub attempt: u32,
     pub state: JobState,
-    pub published_at: String,
-    pub finished_at: Option<String>,
+    pub published_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
     pub status: Option<JobStatus>,
     pub worker: Option<String>,
-    pub started_at: Option<String>,
-    pub ended_at: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
     pub container_seconds: Option<f64>,
     pub error: Option<String>,
 }
@@ -163,9 +179,9 @@ pub struct StatusView {
     pub usage: Usage,
     pub repo: RepoView,
     pub meta: Value,
-    pub created_at: String,
-    pub updated_at: String,
-    pub finished_at: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 impl StatusView {
@@ -181,12 +197,12 @@ impl StatusView {
                     visit: j.visit,
                     attempt: j.attempt,
                     state: j.state,
-                    published_at: j.published_at.clone(),
-                    finished_at: j.finished_at.clone(),
+                    published_at: j.published_at,
+                    finished_at: j.finished_at,
                     status: outcome.map(|o| o.status),
                     worker: outcome.map(|o| o.worker.clone()),
-                    started_at: outcome.map(|o| o.started_at.clone()),
-                    ended_at: outcome.map(|o| o.finished_at.clone()),
+                    started_at: outcome.map(|o| o.started_at),
+                    ended_at: outcome.map(|o| o.finished_at),
                     container_seconds: outcome.map(|o| o.container_seconds),
                     error: outcome.and_then(|o| o.error.clone()),
                 }
@@ -221,9 +237,9 @@ impl StatusView {
                 base_commit: s.repo.base_commit.clone(),
             },
             meta: s.meta.clone(),
-            created_at: s.created_at.clone(),
-            updated_at: s.updated_at.clone(),
-            finished_at: s.finished_at.clone(),
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+            finished_at: s.finished_at,
         }
     }
 }
@@ -307,10 +323,20 @@ pub struct LogEntry {
     /// The execution whose result the run accepted; its artifacts are the ones listed.
     #[serde(default)]
     pub execution: String,
-    #[serde(default)]
-    pub started_at: String,
-    #[serde(default)]
-    pub finished_at: String,
+    /// Absent in bodies of servers before this field.
+    #[serde(
+        default,
+        deserialize_with = "crate::time::empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_at: Option<DateTime<Utc>>,
+    /// Absent in bodies of servers before this field.
+    #[serde(
+        default,
+        deserialize_with = "crate::time::empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub finished_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub artifacts: BTreeMap<String, String>,
     #[serde(default)]
@@ -329,8 +355,8 @@ impl LogEntry {
                 error: o.error.clone(),
                 worker: o.worker.clone(),
                 execution: o.execution.clone(),
-                started_at: o.started_at.clone(),
-                finished_at: o.finished_at.clone(),
+                started_at: Some(o.started_at),
+                finished_at: Some(o.finished_at),
                 artifacts: o.artifacts.clone(),
                 usage: o.usage,
             })
@@ -449,5 +475,41 @@ mod tests {
         let text = serde_json::to_string(&a).unwrap();
         assert!(text.contains(r#""applied":"already_finished""#), "{text}");
         assert_eq!(serde_json::from_str::<CancelAnswer>(&text).unwrap(), a);
+    }
+
+    #[test]
+    fn times_of_earlier_servers_read_and_an_empty_or_missing_one_is_none() {
+        let summary = |times: serde_json::Value| {
+            let mut body = serde_json::json!({"run_id": "r1", "status": "running"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(times.as_object().unwrap().clone());
+            serde_json::from_value::<RunSummary>(body).unwrap()
+        };
+        let old = summary(serde_json::json!({"created_at": "2026-11-22T10:00:00.123Z",
+            "updated_at": "", "finished_at": null}));
+        assert_eq!(
+            old.created_at.map(|t| t.timestamp_millis()),
+            Some(1_795_341_600_123)
+        );
+        assert_eq!((old.updated_at, old.finished_at), (None, None));
+        let older = summary(serde_json::json!({}));
+        assert_eq!((older.created_at, older.updated_at), (None, None));
+        // An unset time is left out, so a client of the previous version reads it as empty.
+        let text = serde_json::to_string(&older).unwrap();
+        assert!(!text.contains("created_at"), "{text}");
+        let written = serde_json::to_value(&old).unwrap();
+        assert_eq!(written["created_at"], "2026-11-22T10:00:00.123Z");
+        assert_eq!(serde_json::from_value::<RunSummary>(written).unwrap(), old);
+
+        let log: LogEntry = serde_json::from_value(serde_json::json!({
+            "job_id": "r1.a.1", "node": "a", "visit": 1, "status": "ok",
+            "started_at": "", "finished_at": "2026-11-22T10:00:01.500Z"}))
+        .unwrap();
+        assert_eq!(log.started_at, None);
+        assert_eq!(
+            log.finished_at.map(|t| t.timestamp_millis()),
+            Some(1_795_341_601_500)
+        );
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::engine::{Outcome, RunState};
 use crate::ids::NodeId;
+use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -271,7 +272,7 @@ fn mutation_result(state: &RunState) -> Value {
 
 /// `HybridResult`: success, the exit variant, spec, recomputed coverage, understanding, both
 /// adversaries with their derived verdicts, the witness, the lattice, branches and total cost.
-pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: &str) -> Value {
+pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: DateTime<Utc>) -> Value {
     let spec_fns = last(state, "types")
         .and_then(|t| t.output["functions"].as_array().cloned())
         .unwrap_or_default();
@@ -384,8 +385,8 @@ mod tests {
             usage: Default::default(),
             worker: String::new(),
             execution: String::new(),
-            started_at: String::new(),
-            finished_at: String::new(),
+            started_at: DateTime::UNIX_EPOCH,
+            finished_at: DateTime::UNIX_EPOCH,
             container_seconds: 0.0,
             branch: None,
         };

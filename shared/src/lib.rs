@@ -24,3 +24,4 @@ pub mod scope;
 pub mod testfail;
 pub mod testreport;
 pub mod text;
+pub mod time;

@@ -3,6 +3,7 @@
 
 use crate::graph::{NodeKind, WorktreeMode};
 use crate::ids::{Attempt, JobId, NodeId, RunId};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -332,8 +333,8 @@ pub struct JobResult {
     /// process); empty for results no execution made (a dead letter).
     #[serde(default)]
     pub execution: String,
-    pub started_at: String,
-    pub finished_at: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
     /// Seconds spent inside the container (create to remove).
     pub container_seconds: f64,
 }
@@ -410,7 +411,8 @@ mod tests {
             "v": WIRE_VERSION, "job_id": "r1.a.1", "run_id": "r1", "attempt": 2,
             "status": "ok", "output": {"n": 1.5}, "error": null, "commit": null, "pack": null,
             "artifacts": {}, "usage": Usage::default(), "worker": "w1", "execution": "e1-aa",
-            "started_at": "t0", "finished_at": "t1", "container_seconds": 0.25,
+            "started_at": "2026-11-22T10:00:00.123Z", "finished_at": "2026-11-22T10:00:01.500Z",
+            "container_seconds": 0.25,
         }))
         .unwrap();
         ResultEnvelope {
@@ -448,6 +450,19 @@ mod tests {
             assert!(ResultMessage::KINDS.contains(&kind));
             assert_eq!(ResultMessage::decode(&body).unwrap(), msg);
         }
+    }
+
+    #[test]
+    fn a_result_of_the_previous_version_reads_and_what_is_written_reads_back() {
+        let result = finished().result.expect("an inline result");
+        assert_eq!(result.started_at.timestamp_millis(), 1_795_341_600_123);
+        let written = serde_json::to_value(&result).unwrap();
+        assert_eq!(written["started_at"], "2026-11-22T10:00:00.123Z");
+        assert_eq!(written["finished_at"], "2026-11-22T10:00:01.500Z");
+        assert_eq!(
+            serde_json::from_value::<JobResult>(written).unwrap(),
+            *result
+        );
     }
 
     #[test]

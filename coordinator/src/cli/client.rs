@@ -203,7 +203,7 @@ mod tests {
             "awaiting_approval": [], "visits": {"se": 2, "tr": 1},
             "usage": {"llm_calls": 1, "input_tokens": 2, "output_tokens": 3, "cost_usd": 0.5},
             "jobs_total": 3, "jobs_pending": 1,
-            "created_at": "t", "updated_at": "t", "finished_at": null,
+            "created_at": "2026-11-22T10:00:00.123Z", "updated_at": "", "finished_at": null,
         }))
         .unwrap();
         assert_eq!(s.status, RunStatus::Running);
@@ -227,7 +227,8 @@ mod tests {
         assert_eq!(c.status, RunStatus::Cancelled);
         let l: Vec<LogEntry> = serde_json::from_value(json!([{
             "job_id": "r1.se.1", "node": "se", "visit": 1, "status": "ok", "error": null,
-            "worker": "w1", "started_at": "a", "finished_at": "b",
+            "worker": "w1", "started_at": "2026-11-22T10:00:00.123Z",
+            "finished_at": "2026-11-22T10:00:01.500Z",
             "artifacts": {"prompt": "runs/r1/attempt_1/se/prompt.md"},
             "usage": {"llm_calls": 1, "input_tokens": 2, "output_tokens": 3, "cost_usd": 0.0},
         }]))

@@ -19,6 +19,7 @@ pub use graph_tools::{live_states, load_graph, mermaid};
 pub use startup::redact_url;
 
 use clap::{Parser, Subcommand};
+use shared::time::rfc3339;
 use std::fmt::Display;
 use std::io::Write;
 use std::path::PathBuf;
@@ -152,9 +153,10 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
                     .unwrap_or_default()
                     .to_string();
                 let error = e.error.map(|s| format!(": {s}")).unwrap_or_default();
+                let finished = e.finished_at.as_ref().map(rfc3339).unwrap_or_default();
                 out.line(format!(
-                    "{} {status:>10} {} visit {} on {}{error}",
-                    e.finished_at, e.node, e.visit, e.worker
+                    "{finished} {status:>10} {} visit {} on {}{error}",
+                    e.node, e.visit, e.worker
                 ))?;
                 for (name, key) in &e.artifacts {
                     out.line(format!("    {name}: {key}"))?;
@@ -204,7 +206,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
                     r.run_id,
                     r.graph,
                     client::status_name(r.status),
-                    r.created_at
+                    r.created_at.as_ref().map(rfc3339).unwrap_or_default()
                 ))?;
             }
             Ok(0)

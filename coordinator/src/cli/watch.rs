@@ -147,8 +147,8 @@ mod tests {
             jobs_pending: pending,
             v: shared::http::API_VERSION,
             graph: "g".into(),
-            created_at: String::new(),
-            updated_at: String::new(),
+            created_at: None,
+            updated_at: None,
             finished_at: None,
         }
     }

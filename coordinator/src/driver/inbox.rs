@@ -3,7 +3,7 @@
 //! its mirror. A message on the results queue is a `ResultMessage` (a start notice or a
 //! result), read by `ResultMessage::decode` alone; one it cannot read is dead-lettered.
 
-use super::{now, Coordinator, DriverError};
+use super::{Coordinator, DriverError};
 use shared::engine::Event;
 use shared::ids::RunId;
 use shared::messages::{JobEnvelope, JobResult, ResultMessage, WIRE_VERSION};
@@ -49,7 +49,12 @@ impl Coordinator {
             for msg in batch {
                 match self.decode(queue, &msg.body).await {
                     Ok((run, event)) => by_run.entry(run).or_default().push((event, msg)),
-                    Err(e) => refuse(queue, msg, e).await,
+                    Err(e) => {
+                        if matches!(e, HandleError::Poison(_)) {
+                            self.metrics.poison.inc();
+                        }
+                        refuse(queue, msg, e).await
+                    }
                 }
             }
             for (run, items) in by_run {
@@ -84,14 +89,12 @@ impl Coordinator {
                 }
             };
             // Events take the time they are applied at.
-            let at = now();
+            let at = self.clock.now();
             let items = items
                 .into_iter()
                 .map(|(mut e, m)| {
                     match &mut e {
-                        Event::JobFinished { at: t, .. } | Event::JobDead { at: t, .. } => {
-                            *t = at.clone()
-                        }
+                        Event::JobFinished { at: t, .. } | Event::JobDead { at: t, .. } => *t = at,
                         _ => {}
                     }
                     (e, m)
@@ -135,7 +138,7 @@ impl Coordinator {
                             job_id: notice.job_id,
                             attempt: notice.attempt,
                             worker: notice.worker,
-                            at: now(),
+                            at: self.clock.now(),
                         };
                         return Ok((notice.run_id, event));
                     }
@@ -158,7 +161,7 @@ impl Coordinator {
                     env.run_id,
                     Event::JobFinished {
                         result: Box::new(result),
-                        at: now(),
+                        at: self.clock.now(),
                     },
                 ))
             }
@@ -174,7 +177,7 @@ impl Coordinator {
                         attempt: env.attempt,
                         reason: "the job reached its delivery limit or was rejected as poison"
                             .into(),
-                        at: now(),
+                        at: self.clock.now(),
                     },
                 ))
             }

@@ -9,9 +9,10 @@
 //! that nobody asks about (their outbox was lost with the store) are found by a sweep: at
 //! start, whenever the store's epoch changes (it was wiped), and every `SWEEP_EVERY`.
 
-use super::{now, Coordinator, DriverError};
+use super::{Coordinator, DriverError};
 use shared::engine::{self, Applied, Event, RunState};
 use shared::ids::RunId;
+use shared::time::rfc3339;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -101,7 +102,9 @@ impl Coordinator {
         let t = engine::apply(
             &bundle,
             &mirror,
-            &Event::Restored { at: now() },
+            &Event::Restored {
+                at: self.clock.now(),
+            },
             &shared::builtins::assembler,
         )?;
         let outbox = self.outbox_for(&t.effects).await?;
@@ -145,7 +148,7 @@ impl Coordinator {
 
     /// Sweeps for lost runs at start, when the store's epoch changes and every `SWEEP_EVERY`.
     pub(super) async fn recover_lost_runs(self: Arc<Self>, shutdown: CancellationToken) {
-        let mine = format!("{}-{}", self.id, now());
+        let mine = format!("{}-{}", self.id, rfc3339(&self.clock.now()));
         let mut epoch: Option<String> = None;
         let mut last_sweep: Option<std::time::Instant> = None;
         loop {

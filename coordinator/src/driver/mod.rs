@@ -11,6 +11,8 @@ mod inbox;
 mod mirror;
 mod relay;
 mod retention;
+#[cfg(test)]
+mod tests;
 mod watchdog;
 
 use crate::metrics::CoordinatorMetrics;
@@ -21,6 +23,7 @@ use shared::graph::GraphBundle;
 use shared::ids::RunId;
 use shared::messages::{JobEnvelope, INLINE_LIMIT, WIRE_VERSION};
 use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
+use shared::time::{Clock, SystemClock};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -64,6 +67,8 @@ pub struct Coordinator {
     pub run_retention: Duration,
     /// The version of each run this coordinator last mirrored.
     mirrored: Mutex<HashMap<RunId, u64>>,
+    /// Where the times of events (and so of run states) come from; also the deadlines'.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// A coordinator id no other process shares: in containers every process is pid 1, so the
@@ -95,10 +100,6 @@ fn env_seconds(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-pub fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 impl Coordinator {
     pub fn new(
         id: String,
@@ -124,7 +125,14 @@ impl Coordinator {
             )),
             queue_grace: Duration::from_secs(env_seconds("FLEET_QUEUE_GRACE_SECONDS", 6 * 3600)),
             mirrored: Mutex::new(HashMap::new()),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Replaces the system clock (tests, embedders).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub async fn bundle(&self, key: &str) -> Result<Arc<GraphBundle>, DriverError> {
@@ -172,7 +180,9 @@ impl Coordinator {
         let t = engine::apply(
             bundle,
             &state,
-            &Event::Start { at: now() },
+            &Event::Start {
+                at: self.clock.now(),
+            },
             &builtins::assembler,
         )?;
         let outbox = self.outbox_for(&t.effects).await?;
@@ -377,13 +387,14 @@ impl Coordinator {
             approved,
             by: by.to_string(),
             comment: comment.to_string(),
-            at: now(),
+            at: self.clock.now(),
         };
         self.apply(run, &event).await
     }
 
     pub async fn cancel(&self, run: &RunId) -> Result<Applied, DriverError> {
-        self.apply(run, &Event::Cancel { at: now() }).await
+        let at = self.clock.now();
+        self.apply(run, &Event::Cancel { at }).await
     }
 
     /// Runs the relay and both consumers until shutdown.

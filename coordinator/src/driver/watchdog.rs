@@ -5,9 +5,11 @@
 //! A due deadline is leased, not removed, until the event is applied: a coordinator that dies
 //! in between leaves it to the next.
 
-use super::{now, Coordinator, DriverError};
+use super::{Coordinator, DriverError};
+use chrono::{DateTime, Utc};
 use shared::engine::{Applied, Effect, Event};
 use shared::ids::{JobId, RunId};
+use shared::time::rfc3339;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -16,12 +18,13 @@ use tracing::warn;
 /// Seconds a due deadline is leased to the coordinator acting on it.
 const LEASE_SECONDS: i64 = 30;
 
-/// A deadline as stored: `<run>|<job>|<attempt>|<started_at>` (empty `started_at`: queued).
+/// A deadline as stored: `<run>|<job>|<attempt>|<started_at>` (`started_at` in RFC 3339,
+/// empty for a queued job).
 struct Watch<'a> {
     run: &'a str,
     job: &'a str,
     attempt: u32,
-    started_at: &'a str,
+    started_at: Option<DateTime<Utc>>,
 }
 
 impl<'a> Watch<'a> {
@@ -29,6 +32,10 @@ impl<'a> Watch<'a> {
         let mut parts = raw.splitn(4, '|');
         let (run, job, attempt, started_at) =
             (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let started_at = match started_at {
+            "" => None,
+            text => Some(text.parse().ok()?),
+        };
         Some(Watch {
             run,
             job,
@@ -38,14 +45,15 @@ impl<'a> Watch<'a> {
     }
 }
 
-fn encode(run: &RunId, job: &JobId, attempt: u32, started_at: &str) -> String {
+fn encode(run: &RunId, job: &JobId, attempt: u32, started_at: Option<&DateTime<Utc>>) -> String {
+    let started_at = started_at.map(rfc3339).unwrap_or_default();
     format!("{run}|{job}|{attempt}|{started_at}")
 }
 
 impl Coordinator {
     /// Records the deadlines of the jobs a transition published or saw start.
     pub(super) async fn watch(&self, run: &RunId, effects: &[Effect]) {
-        let now = chrono::Utc::now().timestamp();
+        let now = self.clock.now().timestamp();
         let secs = |d: Duration| d.as_secs() as i64;
         let mut watches = Vec::new();
         for fx in effects {
@@ -56,11 +64,11 @@ impl Coordinator {
                     started_at,
                     timeout_seconds,
                 } => watches.push((
-                    encode(run, job_id, *attempt, started_at),
+                    encode(run, job_id, *attempt, Some(started_at)),
                     now + *timeout_seconds as i64 + secs(self.reissue_grace),
                 )),
                 Effect::Publish(spec) => watches.push((
-                    encode(run, &spec.job_id, spec.attempt, ""),
+                    encode(run, &spec.job_id, spec.attempt, None),
                     now + spec.timeout_seconds as i64 + secs(self.queue_grace),
                 )),
                 _ => {}
@@ -81,7 +89,7 @@ impl Coordinator {
             }
             let due = match self
                 .store
-                .due(chrono::Utc::now().timestamp(), 100, LEASE_SECONDS)
+                .due(self.clock.now().timestamp(), 100, LEASE_SECONDS)
                 .await
             {
                 Ok(d) => d,
@@ -109,12 +117,12 @@ impl Coordinator {
         let event = Event::Reissue {
             job_id: JobId::new(w.job),
             attempt: w.attempt,
-            started_at: w.started_at.to_string(),
-            at: now(),
+            started_at: w.started_at,
+            at: self.clock.now(),
         };
         match self.apply(&RunId::new(w.run), &event).await {
             Ok(Applied::Changed) => {
-                let queued = w.started_at.is_empty();
+                let queued = w.started_at.is_none();
                 warn!(
                     run = w.run,
                     job = w.job,
@@ -140,18 +148,19 @@ mod tests {
 
     #[test]
     fn a_watch_round_trips_and_junk_is_refused() {
-        let raw = encode(
-            &RunId::new("r1"),
-            &JobId::new("r1.se.1"),
-            2,
-            "2026-01-01T00:00:00Z",
-        );
+        let at: DateTime<Utc> = "2026-01-01T00:00:00.123Z".parse().unwrap();
+        let raw = encode(&RunId::new("r1"), &JobId::new("r1.se.1"), 2, Some(&at));
+        assert_eq!(raw, "r1|r1.se.1|2|2026-01-01T00:00:00.123Z");
         let w = Watch::parse(&raw).unwrap();
         assert_eq!((w.run, w.job, w.attempt), ("r1", "r1.se.1", 2));
-        assert_eq!(w.started_at, "2026-01-01T00:00:00Z");
-        let queued = encode(&RunId::new("r1"), &JobId::new("j"), 1, "");
-        assert_eq!(Watch::parse(&queued).unwrap().started_at, "");
+        assert_eq!(w.started_at, Some(at));
+        let queued = encode(&RunId::new("r1"), &JobId::new("j"), 1, None);
+        assert_eq!(Watch::parse(&queued).unwrap().started_at, None);
+        // Deadlines the previous version stored read the same.
+        let old = Watch::parse("r1|j|1|2026-01-01T00:00:00.123Z").unwrap();
+        assert_eq!(old.started_at, Some(at));
         assert!(Watch::parse("r|j|x|t").is_none());
+        assert!(Watch::parse("r|j|1|t0").is_none());
         assert!(Watch::parse("r|j").is_none());
     }
 }

@@ -5,46 +5,48 @@
 use super::state::{RunState, RunStatus};
 use crate::ids::{Attempt, JobId, NodeId};
 use crate::messages::{JobResult, JobSpec};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum Event {
     Start {
-        at: String,
+        at: DateTime<Utc>,
     },
     JobFinished {
         result: Box<JobResult>,
-        at: String,
+        at: DateTime<Utc>,
     },
     /// The queue gave up on a job (delivery limit reached).
     JobDead {
         job_id: JobId,
         attempt: Attempt,
         reason: String,
-        at: String,
+        at: DateTime<Utc>,
     },
     /// A worker started a job (its start notice).
     JobStarted {
         job_id: JobId,
         attempt: Attempt,
         worker: String,
-        at: String,
+        at: DateTime<Utc>,
     },
     /// A started job passed its deadline without a result (a hung or cut-off worker): run it
     /// again as the next attempt; a late result of the old attempt will be stale.
     Reissue {
         job_id: JobId,
         attempt: Attempt,
-        /// The start the deadline was counted from; a later start (a redelivery) supersedes it.
-        started_at: String,
-        at: String,
+        /// The start the deadline was counted from (none: the publish, for a job that never
+        /// started); a later start (a redelivery) supersedes it.
+        started_at: Option<DateTime<Utc>>,
+        at: DateTime<Utc>,
     },
     /// The run was restored from its mirror after the run store lost it: every job it still
     /// waits for is issued again as its next attempt (the outbox, deadlines and results that
     /// were lost with the store are redone; a result of an older attempt is stale).
     Restored {
-        at: String,
+        at: DateTime<Utc>,
     },
     /// A human decided an approval node.
     Decide {
@@ -52,10 +54,10 @@ pub enum Event {
         approved: bool,
         by: String,
         comment: String,
-        at: String,
+        at: DateTime<Utc>,
     },
     Cancel {
-        at: String,
+        at: DateTime<Utc>,
     },
 }
 
@@ -76,7 +78,7 @@ pub enum Effect {
     Watch {
         job_id: JobId,
         attempt: Attempt,
-        started_at: String,
+        started_at: DateTime<Utc>,
         timeout_seconds: u64,
     },
 }
@@ -98,4 +100,4 @@ pub struct Transition {
 }
 
 /// Result assemblers of exit nodes, supplied by the caller's harness modules (pure functions).
-pub type Assembler = fn(&RunState, &NodeId, bool, &str) -> Value;
+pub type Assembler = fn(&RunState, &NodeId, bool, DateTime<Utc>) -> Value;

@@ -82,7 +82,7 @@ pub fn apply_in_place(
         | Event::Reissue { at, .. }
         | Event::Restored { at }
         | Event::Decide { at, .. }
-        | Event::Cancel { at } => at.as_str(),
+        | Event::Cancel { at } => *at,
     };
     enum Step {
         Start,
@@ -161,18 +161,19 @@ pub fn apply_in_place(
                     return unchanged(Applied::Duplicate)
                 }
                 Event::JobStarted { .. } => Step::Started(record.clone()),
-                // A deadline counted from the publish (empty `started_at`): only a job that
-                // never started is re-issued; a start brings its own deadline.
-                Event::Reissue { started_at, .. }
-                    if started_at.is_empty() && record.started_at.is_some() =>
-                {
+                // A deadline counted from the publish (no `started_at`): only a job that never
+                // started is re-issued; a start brings its own deadline.
+                Event::Reissue {
+                    started_at: None, ..
+                } if record.started_at.is_some() => {
                     return unchanged(Applied::Ignored(
                         "the job started; its own deadline applies",
                     ))
                 }
-                Event::Reissue { started_at, .. }
-                    if !started_at.is_empty() && record.started_at.as_ref() != Some(started_at) =>
-                {
+                Event::Reissue {
+                    started_at: Some(started_at),
+                    ..
+                } if record.started_at != Some(*started_at) => {
                     return unchanged(Applied::Ignored("a later start supersedes this deadline"))
                 }
                 _ => Step::Reissue(record.clone()),
@@ -253,13 +254,13 @@ pub fn apply_in_place(
         }
         (Step::Started(record), Event::JobStarted { job_id, worker, .. }) => {
             if let Some(r) = e.state.jobs.get_mut(job_id) {
-                r.started_at = Some(at.to_string());
+                r.started_at = Some(at);
                 r.worker = Some(worker.clone());
             }
             e.fx.push(Effect::Watch {
                 job_id: job_id.clone(),
                 attempt: record.attempt,
-                started_at: at.to_string(),
+                started_at: at,
                 timeout_seconds: record.timeout_seconds,
             });
         }
@@ -276,7 +277,7 @@ pub fn apply_in_place(
         }
         _ => unreachable!("the step matches its event"),
     }
-    e.state.updated_at = at.to_string();
+    e.state.updated_at = at;
     Ok((e.fx, Applied::Changed))
 }
 

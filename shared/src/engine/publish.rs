@@ -194,7 +194,7 @@ impl Engine<'_> {
                 visit,
                 attempt,
                 state: JobState::Pending,
-                published_at: self.at.to_string(),
+                published_at: self.at,
                 finished_at: None,
                 branch,
                 advisory,

@@ -5,6 +5,7 @@
 use crate::graph::GraphBundle;
 use crate::ids::{Attempt, JobId, NodeId, RunId};
 use crate::messages::{AgentConfig, JobStatus, RepoSnapshot, Usage};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -42,8 +43,8 @@ pub struct JobRecord {
     pub visit: u32,
     pub attempt: Attempt,
     pub state: JobState,
-    pub published_at: String,
-    pub finished_at: Option<String>,
+    pub published_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
     /// The fan-out branch the job belongs to.
     #[serde(default)]
     pub branch: Option<u32>,
@@ -54,7 +55,7 @@ pub struct JobRecord {
     pub timeout_seconds: u64,
     /// When and where the current attempt started (from the worker's start notice).
     #[serde(default)]
-    pub started_at: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub worker: Option<String>,
 }
@@ -82,8 +83,8 @@ pub struct Outcome {
     /// The execution whose result was accepted (its artifacts are the ones `artifacts` names).
     #[serde(default)]
     pub execution: String,
-    pub started_at: String,
-    pub finished_at: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
     /// Seconds the job's container lived (create to remove); 0 for jobs without one.
     #[serde(default)]
     pub container_seconds: f64,
@@ -105,12 +106,12 @@ pub struct Decision {
     pub approved: bool,
     pub by: String,
     pub comment: String,
-    pub at: String,
+    pub at: DateTime<Utc>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ApprovalState {
-    pub requested_at: String,
+    pub requested_at: DateTime<Utc>,
     pub visit: u32,
     pub branch: Option<u32>,
     pub decision: Option<Decision>,
@@ -132,9 +133,9 @@ pub struct RunState {
     pub history: Vec<Outcome>,
     pub result: Option<Value>,
     pub usage: Usage,
-    pub created_at: String,
-    pub updated_at: String,
-    pub finished_at: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub joins: BTreeMap<NodeId, JoinState>,
     /// Fan-out items by branch id.
@@ -160,7 +161,7 @@ pub struct NewRun {
 }
 
 impl RunState {
-    pub fn new(new: NewRun, bundle: &GraphBundle, at: &str) -> Self {
+    pub fn new(new: NewRun, bundle: &GraphBundle, at: DateTime<Utc>) -> Self {
         let NewRun {
             run_id,
             graph_ref,
@@ -183,8 +184,8 @@ impl RunState {
             history: Vec::new(),
             result: None,
             usage: Usage::default(),
-            created_at: at.to_string(),
-            updated_at: at.to_string(),
+            created_at: at,
+            updated_at: at,
             finished_at: None,
             joins: BTreeMap::new(),
             branches: BTreeMap::new(),
@@ -239,7 +240,7 @@ impl Outcome {
         visit: u32,
         ok: bool,
         output: Value,
-        at: &str,
+        at: DateTime<Utc>,
         branch: Option<u32>,
     ) -> Self {
         Outcome {
@@ -256,8 +257,8 @@ impl Outcome {
             usage: Usage::default(),
             worker: String::new(),
             execution: String::new(),
-            started_at: at.to_string(),
-            finished_at: at.to_string(),
+            started_at: at,
+            finished_at: at,
             container_seconds: 0.0,
             branch,
         }

@@ -12,6 +12,7 @@ use crate::expr::{self, ExprError};
 use crate::graph::{GraphBundle, Node, NodeBody};
 use crate::ids::{JobId, NodeId};
 use crate::messages::{JobResult, JobStatus, Usage};
+use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -19,7 +20,7 @@ pub(super) struct Engine<'a> {
     pub(super) bundle: &'a GraphBundle,
     pub(super) state: &'a mut RunState,
     pub(super) fx: Vec<Effect>,
-    pub(super) at: &'a str,
+    pub(super) at: DateTime<Utc>,
     pub(super) assemble: &'a dyn Fn(&str) -> Option<Assembler>,
 }
 
@@ -67,7 +68,7 @@ impl Engine<'_> {
     pub(super) fn finish_job(&mut self, job: &JobId) {
         if let Some(r) = self.state.jobs.get_mut(job) {
             r.state = JobState::Done;
-            r.finished_at = Some(self.at.to_string());
+            r.finished_at = Some(self.at);
         }
     }
 
@@ -76,7 +77,7 @@ impl Engine<'_> {
         for (id, job) in self.state.jobs.iter_mut() {
             if job.state == JobState::Pending && !job.advisory {
                 job.state = JobState::Cancelled;
-                job.finished_at = Some(self.at.to_string());
+                job.finished_at = Some(self.at);
                 stopped.push(id.clone());
             }
         }
@@ -94,7 +95,7 @@ impl Engine<'_> {
         }
         self.state.status = status;
         self.state.result = Some(result.clone());
-        self.state.finished_at = Some(self.at.to_string());
+        self.state.finished_at = Some(self.at);
         self.fx.push(Effect::Finished { status, result });
     }
 
@@ -119,8 +120,8 @@ impl Engine<'_> {
             usage: result.usage,
             worker: result.worker.clone(),
             execution: result.execution.clone(),
-            started_at: result.started_at.clone(),
-            finished_at: result.finished_at.clone(),
+            started_at: result.started_at,
+            finished_at: result.finished_at,
             container_seconds: result.container_seconds,
             branch: record.branch,
         };
@@ -260,7 +261,7 @@ impl Engine<'_> {
             approved,
             by: by.to_string(),
             comment: comment.to_string(),
-            at: self.at.to_string(),
+            at: self.at,
         };
         if let Some(a) = self.state.approvals.get_mut(id) {
             a.decision = Some(decision.clone());
@@ -283,8 +284,8 @@ impl Engine<'_> {
             usage: Usage::default(),
             worker: String::new(),
             execution: String::new(),
-            started_at: approval.requested_at.clone(),
-            finished_at: self.at.to_string(),
+            started_at: approval.requested_at,
+            finished_at: self.at,
             container_seconds: 0.0,
             branch: approval.branch,
         };
@@ -334,7 +335,7 @@ impl Engine<'_> {
                 self.state.approvals.insert(
                     id.clone(),
                     ApprovalState {
-                        requested_at: self.at.to_string(),
+                        requested_at: self.at,
                         visit,
                         branch,
                         decision: None,

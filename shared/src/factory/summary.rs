@@ -1,5 +1,6 @@
 use super::brief::{failure_brief_of, FailureBrief};
 use crate::engine::{Outcome, RunState};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -39,8 +40,8 @@ pub struct RunSummary {
     pub attempts: Vec<AttemptRecord>,
     pub verdict: String,
     pub ended_stage: String,
-    pub started_utc: String,
-    pub ended_utc: String,
+    pub started_utc: DateTime<Utc>,
+    pub ended_utc: DateTime<Utc>,
 }
 
 fn attempt_of(o: &Outcome) -> u32 {
@@ -58,7 +59,12 @@ fn from_output<T: serde::de::DeserializeOwned + Default>(o: Option<&Outcome>, ke
 }
 
 /// Assembles `run_summary.json` from the run's history of `se`, `tr` and `po` outcomes.
-pub fn summarize(state: &RunState, _exit: &crate::ids::NodeId, success: bool, at: &str) -> Value {
+pub fn summarize(
+    state: &RunState,
+    _exit: &crate::ids::NodeId,
+    success: bool,
+    at: DateTime<Utc>,
+) -> Value {
     let by = |node: &str, attempt: u32| -> Option<&Outcome> {
         state
             .history
@@ -141,8 +147,8 @@ pub fn summarize(state: &RunState, _exit: &crate::ids::NodeId, success: bool, at
         attempts,
         verdict: if success { "PASS" } else { "FAIL" }.to_string(),
         ended_stage,
-        started_utc: state.created_at.clone(),
-        ended_utc: at.to_string(),
+        started_utc: state.created_at,
+        ended_utc: at,
     };
     serde_json::to_value(summary).unwrap_or(Value::Null)
 }

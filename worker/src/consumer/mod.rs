@@ -179,7 +179,7 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
             warn!(job = %spec.job_id, error = %e, "could not announce the job's start");
         }
     }
-    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let started_at = runner.clock.now();
     let exec = runner.execution(&spec);
     let result = match runner.run_as(&spec, &exec).await {
         Ok(r) => r,
@@ -206,7 +206,11 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
                 .failures
                 .with_label_values(&["permanent"])
                 .inc();
-            crate::runner::permanent_result(&spec, &runner.config.id, &exec.tag, started_at, reason)
+            let ran = crate::runner::Ran {
+                started_at,
+                finished_at: runner.clock.now(),
+            };
+            crate::runner::permanent_result(&spec, &runner.config.id, &exec.tag, ran, reason)
         }
     };
     let stored = async {

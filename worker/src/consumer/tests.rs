@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use serde_json::json;
 use shared::ids::JobId;
 use shared::messages::{JobResult, JobStatus};
+use shared::time::ManualClock;
 use tokio::sync::mpsc;
 
 struct FakeSandbox {
@@ -93,6 +94,11 @@ impl Session for FakeSession {
     }
 }
 
+/// The time on the runner's clock (a manual one: results carry it).
+fn now() -> chrono::DateTime<chrono::Utc> {
+    "2026-11-22T10:00:00.123Z".parse().unwrap()
+}
+
 struct Fixture {
     _tmp: tempfile::TempDir,
     jobs_dir: std::path::PathBuf,
@@ -126,7 +132,10 @@ async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
         llm: Default::default(),
         limits: Limits::default(),
     };
-    let runner = Arc::new(Runner::new(config, blobs, sandbox.clone(), Metrics::new()).unwrap());
+    let runner = Runner::new(config, blobs, sandbox.clone(), Metrics::new())
+        .unwrap()
+        .with_clock(Arc::new(ManualClock::new(now())));
+    let runner = Arc::new(runner);
     let spec: JobSpec = serde_json::from_value(json!({
         "v": WIRE_VERSION, "job_id": "r1.a.1", "run_id": "r1", "node": node, "visit": 1,
         "attempt": 1, "kind": "command", "graph_ref": "graphs/t.json", "image": "img",
@@ -233,6 +242,12 @@ async fn a_job_that_asks_announces_its_start_before_its_result() {
             assert_eq!((notice.job_id.as_str(), notice.attempt), ("r1.a.1", 1));
             assert_eq!(notice.run_id, env.run_id);
             assert_eq!(env.result.as_ref().map(|r| r.status), Some(JobStatus::Ok));
+            let times = env.result.as_ref().map(|r| (r.started_at, r.finished_at));
+            assert_eq!(
+                times,
+                Some((now(), now())),
+                "the times are the runner's clock's"
+            );
         }
         other => panic!("a start notice, then the result: {other:?}"),
     }
@@ -257,6 +272,10 @@ async fn a_panicking_job_is_cleaned_up_reported_as_an_error_and_acked() {
         Some("the worker panicked running this job: boom in the sandbox")
     );
     assert_eq!(results[0].attempt, 1);
+    assert_eq!(
+        (results[0].started_at, results[0].finished_at),
+        (now(), now())
+    );
     // The container of the execution was removed by its name; the folder is gone.
     let started = f.sandbox.started.lock().unwrap().clone();
     assert_eq!(started.len(), 1);
@@ -388,6 +407,10 @@ async fn a_permanent_failure_is_reported_as_an_error_at_once_and_acked() {
     assert_eq!(results.len(), 1, "one result: {results:?}");
     assert_eq!(results[0].status, JobStatus::Error);
     assert_eq!(results[0].attempt, 1, "the attempt is counted");
+    assert_eq!(
+        (results[0].started_at, results[0].finished_at),
+        (now(), now())
+    );
     let error = results[0].error.as_deref().unwrap();
     assert!(error.contains("permanent"), "{error}");
     assert!(error.contains("node `ghost` is not in"), "{error}");

@@ -37,7 +37,7 @@ mod tests;
 pub use error::{RunError, StartError};
 pub use execution::Execution;
 pub use resources::{JobResources, DEFAULT_JOB_DIR_MAX_AGE_SECONDS, DEFAULT_JOB_DISK_MB};
-pub use results::{error_result, panic_message, panicked_result, permanent_result};
+pub use results::{error_result, panic_message, panicked_result, permanent_result, Ran};
 
 use crate::agent::LlmSettings;
 use crate::blobs::Blobs;
@@ -45,12 +45,14 @@ use crate::git::GitCache;
 use crate::harness::Artifacts;
 use crate::metrics::Metrics;
 use crate::sandbox::{Limits, Sandbox};
+use chrono::{DateTime, Utc};
 use execute::Executed;
 use execution::{process_nonce, unpoisoned, JobFolder, Registered, StopRegistry};
 use futures::FutureExt;
-use results::{now, without_host_paths};
+use results::without_host_paths;
 use shared::graph::GraphBundle;
 use shared::messages::{JobResult, JobSpec, WIRE_VERSION};
+use shared::time::{Clock, SystemClock};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
@@ -88,6 +90,8 @@ pub struct Runner {
     executions: AtomicU64,
     /// Random per process: tags stay unique across restarts of a worker with the same id.
     nonce: String,
+    /// Where the times of results come from (`SystemClock` by default).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Runner {
@@ -125,7 +129,14 @@ impl Runner {
             running: Mutex::new(HashMap::new()),
             executions: AtomicU64::new(0),
             nonce: process_nonce(),
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// Replaces the system clock (tests, embedders).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Replaces the job resources read from the environment (tests, embedders).
@@ -155,7 +166,7 @@ impl Runner {
 
     /// `run` with the execution's names chosen by the caller.
     pub async fn run_as(&self, spec: &JobSpec, exec: &Execution) -> Result<JobResult, RunError> {
-        let started_at = now();
+        let started_at = self.clock.now();
         let started = Instant::now();
         let folder = JobFolder::create(&exec.dir, spec.job_id.as_str())
             .map_err(|e| RunError::Transient(format!("job folder {}: {e}", exec.dir.display())))?;
@@ -166,7 +177,7 @@ impl Runner {
             running: &self.running,
             tag: exec.tag.clone(),
         };
-        let supervised = AssertUnwindSafe(self.attempt(spec, exec, &stop, started_at.clone()))
+        let supervised = AssertUnwindSafe(self.attempt(spec, exec, &stop, started_at))
             .catch_unwind()
             .await;
         drop(registered);
@@ -194,8 +205,11 @@ impl Runner {
                     warn!(job = %spec.job_id, container = %exec.container, error = %e, "could not remove the container of a panicked job");
                 }
                 folder.remove().await;
-                let result =
-                    panicked_result(spec, &self.config.id, &exec.tag, started_at, &message);
+                let ran = Ran {
+                    started_at,
+                    finished_at: self.clock.now(),
+                };
+                let result = panicked_result(spec, &self.config.id, &exec.tag, ran, &message);
                 self.metrics.job_panicked();
                 self.metrics.observe_job(
                     spec.kind,
@@ -214,7 +228,7 @@ impl Runner {
         spec: &JobSpec,
         exec: &Execution,
         stop: &CancellationToken,
-        started_at: String,
+        started_at: DateTime<Utc>,
     ) -> Result<JobResult, RunError> {
         let prefix = exec.artifact_prefix(spec);
         let mut art = Artifacts {
@@ -245,7 +259,7 @@ impl Runner {
             worker: self.config.id.clone(),
             execution: exec.tag.clone(),
             started_at,
-            finished_at: now(),
+            finished_at: self.clock.now(),
             container_seconds,
         })
     }

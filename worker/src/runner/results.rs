@@ -2,6 +2,7 @@
 //! a permanent failure), and what every reported output goes through (no host path of the
 //! worker).
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use shared::messages::{JobResult, JobSpec, JobStatus, Usage, WIRE_VERSION};
 
@@ -16,12 +17,19 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// When an attempt ran: from its start to the result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ran {
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+}
+
 /// An `Error` result of the attempt, carrying `error`.
 pub fn error_result(
     spec: &JobSpec,
     worker: &str,
     execution: &str,
-    started_at: String,
+    ran: Ran,
     error: String,
 ) -> JobResult {
     JobResult {
@@ -38,8 +46,8 @@ pub fn error_result(
         usage: Usage::default(),
         worker: worker.to_string(),
         execution: execution.to_string(),
-        started_at,
-        finished_at: now(),
+        started_at: ran.started_at,
+        finished_at: ran.finished_at,
         container_seconds: 0.0,
     }
 }
@@ -50,14 +58,14 @@ pub fn panicked_result(
     spec: &JobSpec,
     worker: &str,
     execution: &str,
-    started_at: String,
+    ran: Ran,
     message: &str,
 ) -> JobResult {
     error_result(
         spec,
         worker,
         execution,
-        started_at,
+        ran,
         format!(
             "the worker panicked running this job: {}",
             shared::text::head(message, 2000)
@@ -71,23 +79,19 @@ pub fn permanent_result(
     spec: &JobSpec,
     worker: &str,
     execution: &str,
-    started_at: String,
+    ran: Ran,
     reason: &str,
 ) -> JobResult {
     error_result(
         spec,
         worker,
         execution,
-        started_at,
+        ran,
         format!(
             "the job cannot run (a permanent failure, not retried): {}",
             shared::text::head(reason, 2000)
         ),
     )
-}
-
-pub(super) fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// `value` with the worker's host paths in every string made worktree-relative.

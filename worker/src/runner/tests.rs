@@ -37,6 +37,15 @@ fn spec() -> JobSpec {
     .expect("a job spec")
 }
 
+/// A start and an end a second apart.
+fn ran() -> Ran {
+    let started_at = "2024-01-01T00:00:00.000Z".parse().unwrap();
+    Ran {
+        started_at,
+        finished_at: started_at + chrono::TimeDelta::seconds(1),
+    }
+}
+
 #[test]
 fn the_panic_message_comes_from_str_and_string_payloads() {
     let caught = |f: fn()| std::panic::catch_unwind(f).expect_err("it panics");
@@ -53,13 +62,7 @@ fn the_panic_message_comes_from_str_and_string_payloads() {
 
 #[test]
 fn a_panic_becomes_an_error_result_of_the_same_attempt() {
-    let r = panicked_result(
-        &spec(),
-        "w1",
-        "e1-x",
-        "2024-01-01T00:00:00.000Z".into(),
-        "boom",
-    );
+    let r = panicked_result(&spec(), "w1", "e1-x", ran(), "boom");
     assert_eq!(r.status, JobStatus::Error);
     assert_eq!(
         r.error.as_deref(),
@@ -70,10 +73,14 @@ fn a_panic_becomes_an_error_result_of_the_same_attempt() {
     assert_eq!(r.run_id.as_str(), "r1");
     assert_eq!(r.worker, "w1");
     assert_eq!(r.execution, "e1-x");
+    assert_eq!(
+        (r.started_at, r.finished_at),
+        (ran().started_at, ran().finished_at)
+    );
     assert_eq!(r.output, Value::Null);
     assert!(r.commit.is_none() && r.pack.is_none() && r.artifacts.is_empty());
     // A huge message is cut, so the result stays small.
-    let long = panicked_result(&spec(), "w1", "e2-x", String::new(), &"x".repeat(10_000));
+    let long = panicked_result(&spec(), "w1", "e2-x", ran(), &"x".repeat(10_000));
     assert!(long.error.unwrap().len() < 2_200);
 }
 
@@ -126,7 +133,7 @@ fn a_permanent_failure_becomes_an_error_result_of_the_same_attempt() {
         &spec(),
         "w1",
         "e1-x",
-        "2024-01-01T00:00:00.000Z".into(),
+        ran(),
         "node `ghost` is not in the job's graph `g`",
     );
     assert_eq!(r.status, JobStatus::Error);

@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn a_started_job_past_its_deadline_is_reissued_and_the_old_attempt_is_fenced() {
     let b = factory_bundle();
-    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: time(0) });
     let se = published(&t).clone();
     assert!(se.notify_start, "agent jobs announce their start");
     let started = step(
@@ -16,7 +16,7 @@ fn a_started_job_past_its_deadline_is_reissued_and_the_old_attempt_is_fenced() {
             job_id: se.job_id.clone(),
             attempt: 1,
             worker: "w1".into(),
-            at: "t1".into(),
+            at: time(1),
         },
     );
     assert!(matches!(
@@ -34,7 +34,7 @@ fn a_started_job_past_its_deadline_is_reissued_and_the_old_attempt_is_fenced() {
             job_id: se.job_id.clone(),
             attempt: 1,
             worker: "w1".into(),
-            at: "t1".into(),
+            at: time(1),
         },
     );
     assert_eq!(again.applied, Applied::Duplicate);
@@ -45,8 +45,8 @@ fn a_started_job_past_its_deadline_is_reissued_and_the_old_attempt_is_fenced() {
         Event::Reissue {
             job_id: se.job_id.clone(),
             attempt: 1,
-            started_at: "t0".into(),
-            at: "t2".into(),
+            started_at: Some(time(0)),
+            at: time(2),
         },
     );
     assert!(
@@ -59,8 +59,8 @@ fn a_started_job_past_its_deadline_is_reissued_and_the_old_attempt_is_fenced() {
         Event::Reissue {
             job_id: se.job_id.clone(),
             attempt: 1,
-            started_at: "t1".into(),
-            at: "t2".into(),
+            started_at: Some(time(1)),
+            at: time(2),
         },
     );
     let spec2 = published(&re).clone();
@@ -83,7 +83,7 @@ fn a_started_job_past_its_deadline_is_reissued_and_the_old_attempt_is_fenced() {
 #[test]
 fn a_job_that_never_finishes_fails_the_run_after_its_attempts() {
     let b = factory_bundle();
-    let mut t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let mut t = step(&b, &new_run(&b, 2), Event::Start { at: time(0) });
     let job = published(&t).job_id.clone();
     let start = |t: &Transition, attempt, w: &str| {
         step(
@@ -93,7 +93,7 @@ fn a_job_that_never_finishes_fails_the_run_after_its_attempts() {
                 job_id: job.clone(),
                 attempt,
                 worker: w.into(),
-                at: format!("s{attempt}"),
+                at: time(10 + i64::from(attempt)),
             },
         )
     };
@@ -105,8 +105,8 @@ fn a_job_that_never_finishes_fails_the_run_after_its_attempts() {
             Event::Reissue {
                 job_id: job.clone(),
                 attempt,
-                started_at: format!("s{attempt}"),
-                at: "t".into(),
+                started_at: Some(time(10 + i64::from(attempt))),
+                at: time(0),
             },
         );
     }
@@ -118,8 +118,8 @@ fn a_job_that_never_finishes_fails_the_run_after_its_attempts() {
         Event::Reissue {
             job_id: job,
             attempt: MAX_ATTEMPTS,
-            started_at: format!("s{MAX_ATTEMPTS}"),
-            at: "t".into(),
+            started_at: Some(time(10 + i64::from(MAX_ATTEMPTS))),
+            at: time(0),
         },
     );
     assert_eq!(last.state.status, RunStatus::Failed);
@@ -129,7 +129,7 @@ fn a_job_that_never_finishes_fails_the_run_after_its_attempts() {
 #[test]
 fn a_queued_deadline_reissues_only_a_job_that_never_started() {
     let b = factory_bundle();
-    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: time(0) });
     let job = published(&t).job_id.clone();
     let queued = |state: &RunState| {
         step(
@@ -138,8 +138,8 @@ fn a_queued_deadline_reissues_only_a_job_that_never_started() {
             Event::Reissue {
                 job_id: job.clone(),
                 attempt: 1,
-                started_at: String::new(),
-                at: "t9".into(),
+                started_at: None,
+                at: time(9),
             },
         )
     };
@@ -152,7 +152,7 @@ fn a_queued_deadline_reissues_only_a_job_that_never_started() {
             job_id: job.clone(),
             attempt: 1,
             worker: "w1".into(),
-            at: "t1".into(),
+            at: time(1),
         },
     );
     let ignored = queued(&started.state);
@@ -166,12 +166,12 @@ fn a_queued_deadline_reissues_only_a_job_that_never_started() {
 #[test]
 fn a_restored_run_reissues_every_job_it_waits_for_and_fences_the_old_attempts() {
     let b = factory_bundle();
-    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: time(0) });
     let job = published(&t).job_id.clone();
     // Even a job at its last attempt is issued again: the loss was not its fault.
     let mut state = t.state.clone();
     state.jobs.get_mut(&job).unwrap().attempt = MAX_ATTEMPTS;
-    let restored = step(&b, &state, Event::Restored { at: "t5".into() });
+    let restored = step(&b, &state, Event::Restored { at: time(5) });
     assert_eq!(restored.applied, Applied::Changed);
     let again = published(&restored);
     assert_eq!(again.job_id, job);
@@ -198,7 +198,7 @@ fn a_restored_run_reissues_every_job_it_waits_for_and_fences_the_old_attempts() 
     assert_eq!(new.applied, Applied::Changed);
 
     // A finished run has nothing to re-issue.
-    let cancelled = step(&b, &t.state, Event::Cancel { at: "t2".into() });
-    let nothing = step(&b, &cancelled.state, Event::Restored { at: "t3".into() });
+    let cancelled = step(&b, &t.state, Event::Cancel { at: time(2) });
+    let nothing = step(&b, &cancelled.state, Event::Restored { at: time(3) });
     assert_eq!(nothing.applied, Applied::Ignored("no job to re-issue"));
 }

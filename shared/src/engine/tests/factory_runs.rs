@@ -7,7 +7,7 @@ use super::*;
 fn the_factory_happy_path_runs_se_tr_po_and_passes() {
     let b = factory_bundle();
     let s0 = new_run(&b, 2);
-    let t = step(&b, &s0, Event::Start { at: "t".into() });
+    let t = step(&b, &s0, Event::Start { at: time(0) });
     let se = published(&t).clone();
     assert_eq!(se.node.as_str(), "se");
     assert_eq!(se.worktree.as_ref().unwrap().commit, "c0");
@@ -63,7 +63,7 @@ fn the_factory_happy_path_runs_se_tr_po_and_passes() {
 #[test]
 fn a_failed_attempt_carries_its_brief_into_the_next_prompt_and_ends_after_max_attempts() {
     let b = factory_bundle();
-    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: time(0) });
     let se1 = published(&t).clone();
     let diff = json!({"unified_diff": "diff --git a/x b/x", "summary": "s"});
     let t = step(
@@ -111,7 +111,7 @@ fn a_failed_attempt_carries_its_brief_into_the_next_prompt_and_ends_after_max_at
 #[test]
 fn duplicates_and_stale_attempts_change_nothing() {
     let b = factory_bundle();
-    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: time(0) });
     let se = published(&t).clone();
     let ok = json!({"unified_diff": "diff --git a/x b/x", "summary": "s"});
     let t1 = step(
@@ -138,7 +138,7 @@ fn duplicates_and_stale_attempts_change_nothing() {
 #[test]
 fn a_dead_job_fails_the_run_and_cancel_is_final() {
     let b = factory_bundle();
-    let t = step(&b, &new_run(&b, 2), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 2), Event::Start { at: time(0) });
     let se = published(&t).clone();
     let dead = step(
         &b,
@@ -147,7 +147,7 @@ fn a_dead_job_fails_the_run_and_cancel_is_final() {
             job_id: se.job_id.clone(),
             attempt: 1,
             reason: "delivery limit".into(),
-            at: "t".into(),
+            at: time(0),
         },
     );
     assert_eq!(dead.state.status, RunStatus::Failed);
@@ -156,7 +156,7 @@ fn a_dead_job_fails_the_run_and_cancel_is_final() {
         "job_dead_lettered"
     );
 
-    let c = step(&b, &t.state, Event::Cancel { at: "t".into() });
+    let c = step(&b, &t.state, Event::Cancel { at: time(0) });
     assert_eq!(c.state.status, RunStatus::Cancelled);
     let late = step(
         &b,
@@ -186,7 +186,7 @@ nodes:
     status: a.ok
 "#;
     let b = load_bundle("loop.yaml", yaml, |_| Err("none".into())).unwrap();
-    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
     for _ in 0..2 {
         let job = published(&t).job_id.clone();
         t = step(&b, &t.state, result(&job, 1, JobStatus::Failed, json!({})));

@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn a_fork_starts_both_branches_and_the_join_fires_exactly_once() {
     let b = bundle(FORK_JOIN);
-    let t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
     let skel = jobs_of(&t)[0].clone();
     let t = step(&b, &t.state, ok(&skel.job_id, json!({})));
     let both = jobs_of(&t);
@@ -64,7 +64,7 @@ nodes:
     );
     let mut s = new_run(&b, 1);
     s.input = json!({"items": ["a", "b", "c"]});
-    let t = step(&b, &s, Event::Start { at: "t".into() });
+    let t = step(&b, &s, Event::Start { at: time(0) });
     let jobs = jobs_of(&t);
     assert_eq!(jobs.len(), 3);
     assert_eq!(jobs[1].params["value"], "b");
@@ -103,7 +103,7 @@ nodes:
     status: review.ok and work.ok
 "#,
     );
-    let t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
     assert!(t.effects.is_empty(), "nothing runs before the decision");
     assert_eq!(t.state.awaiting_approval(), vec![&NodeId::new("review")]);
     let decide = |approved| Event::Decide {
@@ -111,7 +111,7 @@ nodes:
         approved,
         by: "ana".into(),
         comment: "fine".into(),
-        at: "t".into(),
+        at: time(0),
     };
     let t = step(&b, &t.state, decide(true));
     assert_eq!(jobs_of(&t).len(), 1);
@@ -145,7 +145,7 @@ nodes:
     status: work.ok
 "#,
     );
-    let t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    let t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
     let work = jobs_of(&t)[0].clone();
     let t = step(&b, &t.state, ok(&work.job_id, json!({"did": "x"})));
     let started: Vec<String> = jobs_of(&t).iter().map(|j| j.node.to_string()).collect();
@@ -193,7 +193,7 @@ nodes:
     status: fix.ok
 "#,
     );
-    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
     for _ in 0..3 {
         let j = jobs_of(&t)[0].job_id.clone();
         t = step(
@@ -205,7 +205,7 @@ nodes:
     assert_eq!(t.state.status, RunStatus::Failed);
     assert_eq!(t.state.result.as_ref().unwrap()["exit"], "stuck");
 
-    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
     for i in 0..5 {
         let j = jobs_of(&t)[0].job_id.clone();
         t = step(
@@ -244,7 +244,7 @@ nodes:
   done: {kind: exit, status: fix.ok}
 "#,
     );
-    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: "t".into() });
+    let mut t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
     // `a` fails the same way every time; the other failure changes each round, and the whole
     // list never repeats. A joined signature would never be stuck; per test it is, at round 3.
     for i in 0..3 {
@@ -283,7 +283,7 @@ nodes:
     );
     let mut run = new_run(&b, 1);
     run.input = json!({"impl": "stack.py", "tests": "tests"});
-    let t = step(&b, &run, Event::Start { at: "t".into() });
+    let t = step(&b, &run, Event::Start { at: time(0) });
     let scope = published(&t).write_scope.clone().unwrap();
     assert_eq!(scope.globs, vec!["stack.py", "tests/**", "a.py", "b.py"]);
     assert!(!scope.symlinks && !scope.submodules && !scope.mode_changes);

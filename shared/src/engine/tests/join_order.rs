@@ -97,8 +97,8 @@ fn run(
                             pending.push(Event::Reissue {
                                 job_id: spec.job_id.clone(),
                                 attempt: 1,
-                                started_at: String::new(),
-                                at: "t".into(),
+                                started_at: None,
+                                at: time(0),
                             });
                         }
                     }
@@ -110,7 +110,7 @@ fn run(
         Ok(first_applied.expect("one event applied"))
     };
 
-    let started = apply_event(&mut state, &mut published, Event::Start { at: "t".into() })?;
+    let started = apply_event(&mut state, &mut published, Event::Start { at: time(0) })?;
     prop_assert_eq!(started, Applied::Changed);
     let skel = published[&(NodeId::new("skel"), None)].clone();
     apply_event(&mut state, &mut published, ok(&skel, json!({})))?;

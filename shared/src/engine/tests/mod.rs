@@ -5,13 +5,16 @@
 //!   observer nodes, stuck detection, write scopes);
 //! - `deadlines.rs`: started and queued deadlines, re-issues and restores (fencing);
 //! - `join_order.rs`: property test: joins fire once and the run ends once whatever the order,
-//!   duplicates and stale attempts of the branch results.
+//!   duplicates and stale attempts of the branch results;
+//! - `stored.rs`: run states of the previous version (times as text) read; what is written reads
+//!   back.
 
 use super::*;
 use crate::factory;
 use crate::graph::load_bundle;
 use crate::ids::{Attempt, JobId, NodeId, RunId};
 use crate::messages::{AgentConfig, JobResult, JobSpec, JobStatus, RepoSnapshot, Usage};
+use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -19,6 +22,7 @@ mod deadlines;
 mod factory_runs;
 mod graphs;
 mod join_order;
+mod stored;
 
 fn factory_bundle() -> GraphBundle {
     load_bundle(
@@ -60,8 +64,13 @@ fn new_run(bundle: &GraphBundle, max_attempts: u32) -> RunState {
             agent: AgentConfig::default(),
         },
         bundle,
-        "t0",
+        time(0),
     )
+}
+
+/// A fixed time: `n` seconds after the tests' epoch.
+fn time(n: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_795_341_600 + n, 0).expect("a time in range")
 }
 
 fn step(bundle: &GraphBundle, state: &RunState, event: Event) -> Transition {
@@ -84,11 +93,11 @@ fn result(job: &JobId, attempt: Attempt, status: JobStatus, output: Value) -> Ev
             usage: Usage::default(),
             worker: "w".into(),
             execution: "e1-test".into(),
-            started_at: "s".into(),
-            finished_at: "f".into(),
+            started_at: time(0),
+            finished_at: time(1),
             container_seconds: 0.0,
         }),
-        at: "t".into(),
+        at: time(0),
     }
 }
 
