@@ -382,3 +382,45 @@ fn no_source_file_is_over_six_hundred_lines() {
         big.join("\n")
     );
 }
+
+/// ARCHITECTURE.md's code map names every module of the three crates (a file or a folder
+/// directly under `src/`, and every folder below), so the map cannot fall behind the tree.
+#[test]
+fn the_code_map_names_every_module() {
+    let map = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let mut missing = Vec::new();
+    for krate in ["shared", "coordinator", "worker"] {
+        let src = root().join(krate).join("src");
+        let mut dirs = vec![src.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("src folder").flatten() {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().to_string();
+                let key = if path.is_dir() {
+                    if name == "tests" {
+                        continue;
+                    }
+                    dirs.push(path.clone());
+                    format!("{name}/")
+                } else if dir == src && name != "lib.rs" && name != "main.rs" {
+                    name.clone()
+                } else {
+                    continue;
+                };
+                // A folder of tests only (`raw/tests.rs`) is not a module of its own.
+                let only_tests = path.is_dir()
+                    && std::fs::read_dir(&path)
+                        .map(|d| d.flatten().all(|e| e.file_name() == "tests.rs"))
+                        .unwrap_or(false);
+                if !only_tests && !map.contains(&key) {
+                    missing.push(format!("{krate}/src/…/{key}"));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in ARCHITECTURE.md's code map:\n{}",
+        missing.join("\n")
+    );
+}
