@@ -324,7 +324,12 @@ async fn the_embedded_mode_gives_the_same_verdict_and_summary_as_the_fleet() -> 
     for (a, b) in local.attempts.iter().zip(&fleet.attempts) {
         assert_eq!(a.touched_files, b.touched_files);
         assert_eq!(a.apply_ok, b.apply_ok);
-        assert_eq!(a.patch_path, b.patch_path);
+        // The same key but for the execution's folder (each execution names its own).
+        assert_eq!(
+            without_execution(&a.patch_path),
+            without_execution(&b.patch_path)
+        );
+        assert!(a.patch_path.contains("/exec-"), "{}", a.patch_path);
         assert_eq!(
             a.failure_brief.as_ref().map(|f| f.stage),
             b.failure_brief.as_ref().map(|f| f.stage)
@@ -373,4 +378,12 @@ async fn cancelling_a_run_stops_its_running_container() -> anyhow::Result<()> {
         )
         .await?;
     Ok(())
+}
+
+/// An artifact key without its execution's folder (`.../exec-<tag>/name` → `.../name`).
+fn without_execution(key: &str) -> String {
+    key.split('/')
+        .filter(|seg| !seg.starts_with("exec-"))
+        .collect::<Vec<_>>()
+        .join("/")
 }
