@@ -33,6 +33,10 @@ string_id!(
     RunId
 );
 string_id!(
+    /// A batch: one run per dataset item and trial; deterministic, see `batch::batch_id`.
+    BatchId
+);
+string_id!(
     /// A node of a graph.
     NodeId
 );

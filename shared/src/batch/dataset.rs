@@ -1,0 +1,141 @@
+//! Datasets: JSON Lines, one [`DatasetItem`] a line, read and checked by [`parse_dataset`].
+
+use super::MAX_BATCH_ITEMS;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// A line of a dataset is at most this many bytes (its newline not counted).
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+/// An item id is at most this many characters.
+pub const MAX_ITEM_ID_CHARS: usize = 128;
+/// Ids quoted in errors are cut to this many characters.
+const QUOTED_ID_CHARS: usize = 64;
+
+/// One item of a dataset: what one run (per trial) starts from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetItem {
+    /// Unique in its dataset: 1 to [`MAX_ITEM_ID_CHARS`] of `[A-Za-z0-9_.-]`.
+    pub id: String,
+    /// The repository the item's runs work on (non-empty).
+    pub repo: String,
+    /// The git ref to check out (the repository's default when absent).
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    /// The run's input, as given (not both this and `work_order`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    /// A factory work order: the run's input is `{"work_order": ...}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_order: Option<Value>,
+    /// A scripted agent's steps for this item: the value of `AgentConfig::Scripted { script }`
+    /// (kept as JSON here; the submission reads it as the agent config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<Value>,
+}
+
+/// Why a dataset was refused; each names the 1-based line at fault.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum DatasetError {
+    #[error("line {line}: {bytes} bytes, over the limit of {MAX_LINE_BYTES}")]
+    LineTooLong { line: usize, bytes: usize },
+    #[error("line {line}: not a dataset item: {message}")]
+    Malformed { line: usize, message: String },
+    #[error("line {line}: id {id:?} is not 1 to {MAX_ITEM_ID_CHARS} of `[A-Za-z0-9_.-]`")]
+    BadId { line: usize, id: String },
+    #[error("line {line}: id {id:?} is already the id of line {first}")]
+    DuplicateId {
+        line: usize,
+        id: String,
+        first: usize,
+    },
+    #[error("line {line}: `repo` is empty")]
+    EmptyRepo { line: usize },
+    #[error("line {line}: both `input` and `work_order` are given (one at most)")]
+    InputAndWorkOrder { line: usize },
+    #[error("line {line}: more than {MAX_BATCH_ITEMS} items")]
+    TooManyItems { line: usize },
+    #[error("the dataset has no items")]
+    Empty,
+}
+
+/// Whether `id` may name a dataset item: 1 to [`MAX_ITEM_ID_CHARS`] ASCII letters, digits,
+/// `_`, `.` or `-`.
+pub fn valid_item_id(id: &str) -> bool {
+    (1..=MAX_ITEM_ID_CHARS).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Reads a dataset: one JSON object a line (a `\r` before the newline is allowed), blank lines
+/// skipped. Refused, naming the line: a line over [`MAX_LINE_BYTES`], a line that is not a
+/// [`DatasetItem`] (unknown fields included), a bad or repeated id, an empty `repo`, both
+/// `input` and `work_order`, more than [`MAX_BATCH_ITEMS`] items; and a dataset with none.
+pub fn parse_dataset(jsonl: &str) -> Result<Vec<DatasetItem>, DatasetError> {
+    let mut items = Vec::new();
+    let mut first_line: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, raw) in jsonl.split('\n').enumerate() {
+        let line = i + 1;
+        let text = raw.strip_suffix('\r').unwrap_or(raw);
+        if text.len() > MAX_LINE_BYTES {
+            return Err(DatasetError::LineTooLong {
+                line,
+                bytes: text.len(),
+            });
+        }
+        if text.trim().is_empty() {
+            continue;
+        }
+        if items.len() == MAX_BATCH_ITEMS {
+            return Err(DatasetError::TooManyItems { line });
+        }
+        let item: DatasetItem =
+            serde_json::from_str(text).map_err(|e| DatasetError::Malformed {
+                line,
+                message: json_message(&e),
+            })?;
+        check_item(&item, line)?;
+        if let Some(&first) = first_line.get(&item.id) {
+            return Err(DatasetError::DuplicateId {
+                line,
+                id: item.id,
+                first,
+            });
+        }
+        first_line.insert(item.id.clone(), line);
+        items.push(item);
+    }
+    if items.is_empty() {
+        return Err(DatasetError::Empty);
+    }
+    Ok(items)
+}
+
+fn check_item(item: &DatasetItem, line: usize) -> Result<(), DatasetError> {
+    if !valid_item_id(&item.id) {
+        return Err(DatasetError::BadId {
+            line,
+            id: item.id.chars().take(QUOTED_ID_CHARS).collect(),
+        });
+    }
+    if item.repo.trim().is_empty() {
+        return Err(DatasetError::EmptyRepo { line });
+    }
+    if item.input.is_some() && item.work_order.is_some() {
+        return Err(DatasetError::InputAndWorkOrder { line });
+    }
+    Ok(())
+}
+
+/// serde_json's message with its position as a column of the line (its "line 1" is ours).
+fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&position) {
+        Some(message) => format!("{message} (column {})", e.column()),
+        None => text,
+    }
+}

@@ -1,0 +1,25 @@
+//! Batches: a dataset (JSON Lines, [`dataset`]) expanded into one run per item and trial, at
+//! most `max_running` at once, each run's verdict recorded, infrastructure errors retried and
+//! never counted as verdicts ([`state`]), and reports ([`report`]: JSON with the pass rate's
+//! interval and pass@k, JUnit XML). Pure: the coordinator stores a [`BatchState`] and drives
+//! it.
+
+pub mod dataset;
+pub mod report;
+pub mod state;
+
+#[cfg(test)]
+mod tests;
+
+pub use dataset::{parse_dataset, DatasetError, DatasetItem};
+pub use report::{json_report, junit_xml};
+pub use state::{
+    batch_id, outcome_of, BatchCounts, BatchItem, BatchSpec, BatchState, ItemOutcome, ItemState,
+};
+
+/// A dataset has at most this many items.
+pub const MAX_BATCH_ITEMS: usize = 10_000;
+
+/// At most this many runs per batch (items × trials): one batch's state stays one value of a
+/// few megabytes.
+pub const MAX_BATCH_RUNS: usize = 20_000;

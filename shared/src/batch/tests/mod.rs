@@ -1,0 +1,75 @@
+//! Tests of the batch model: datasets, the state machine, outcomes of runs, reports.
+
+mod dataset;
+mod outcome;
+mod report;
+mod state;
+
+use super::*;
+use crate::ids::BatchId;
+use chrono::{DateTime, TimeDelta, Utc};
+use std::collections::BTreeMap;
+
+/// `secs` seconds after a fixed instant.
+fn t(secs: i64) -> DateTime<Utc> {
+    "2026-11-22T10:00:00Z".parse::<DateTime<Utc>>().unwrap() + TimeDelta::seconds(secs)
+}
+
+fn item(id: &str) -> DatasetItem {
+    DatasetItem {
+        id: id.into(),
+        repo: "https://example.com/r.git".into(),
+        git_ref: None,
+        input: None,
+        work_order: None,
+        script: None,
+    }
+}
+
+fn spec(trials: u32, max_running: u32) -> BatchSpec {
+    BatchSpec {
+        trials,
+        max_running,
+        max_infra_retries: 2,
+        labels: BTreeMap::new(),
+    }
+}
+
+fn batch(ids: &[&str], spec: BatchSpec) -> BatchState {
+    let items: Vec<DatasetItem> = ids.iter().map(|id| item(id)).collect();
+    BatchState::new(
+        BatchId::new("0123456789abcdef"),
+        "factory",
+        "bundles/g",
+        spec,
+        &items,
+        t(0),
+    )
+}
+
+fn outcome(status: crate::engine::RunStatus, verdict: Option<&str>) -> ItemOutcome {
+    ItemOutcome {
+        status,
+        verdict: verdict.map(String::from),
+        ended_stage: None,
+        error: None,
+        infra_error: false,
+        cost_usd: 0.5,
+        tokens: 100,
+    }
+}
+
+fn infra(reason: &str) -> ItemOutcome {
+    ItemOutcome {
+        error: Some(reason.into()),
+        infra_error: true,
+        ..outcome(crate::engine::RunStatus::Failed, None)
+    }
+}
+
+/// Whether `f` changed the batch.
+fn changes(b: &mut BatchState, f: impl FnOnce(&mut BatchState)) -> bool {
+    let before = b.clone();
+    f(b);
+    *b != before
+}
