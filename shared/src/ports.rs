@@ -5,8 +5,9 @@
 //! (`coordinator::store::conformance`: memory in unit tests, Redis in tests/conformance.rs);
 //! where adapters may differ (the owner lease's length, a cap on `list`) the suite says so.
 
+use crate::batch::BatchState;
 use crate::engine::RunState;
-use crate::ids::RunId;
+use crate::ids::{BatchId, RunId};
 use crate::messages::JobEnvelope;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -37,9 +38,26 @@ pub enum CasOutcome {
     Conflict,
 }
 
-/// Run state with versioned, atomic transitions and an outbox.
+/// Batches: versioned documents written by compare-and-set, listed newest first, and the set
+/// of unfinished ones every coordinator drives.
 #[async_trait]
-pub trait RunStore: Send + Sync {
+pub trait BatchStore: Send + Sync {
+    /// Creates the batch if absent; false when a batch with that id exists.
+    async fn create_batch(&self, state: &BatchState) -> Result<bool, PortError>;
+    async fn load_batch(&self, id: &BatchId) -> Result<Option<(BatchState, u64)>, PortError>;
+    /// Writes `state` if the stored version is still `version`; a finished batch leaves the
+    /// active set in the same atomic write.
+    async fn commit_batch(&self, state: &BatchState, version: u64)
+        -> Result<CasOutcome, PortError>;
+    /// Batches, newest first (an adapter may cap the list, as for runs).
+    async fn list_batches(&self) -> Result<Vec<BatchId>, PortError>;
+    /// Batches not finished yet.
+    async fn active_batches(&self) -> Result<Vec<BatchId>, PortError>;
+}
+
+/// Run state with versioned, atomic transitions and an outbox; batches beside them.
+#[async_trait]
+pub trait RunStore: BatchStore + Send + Sync {
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError>;

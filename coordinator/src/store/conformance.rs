@@ -373,6 +373,81 @@ pub async fn the_epoch_is_set_once(s: &dyn RunStore, _: &Profile) {
     );
 }
 
+/// A batch of one item, as a store sees it (opaque but for its id and whether it finished).
+pub fn batch(id: &str) -> shared::batch::BatchState {
+    let items = shared::batch::parse_dataset(r#"{"id": "a", "repo": "/r"}"#).expect("an item");
+    let spec = shared::batch::BatchSpec {
+        trials: 1,
+        max_running: 1,
+        max_infra_retries: 0,
+        labels: Default::default(),
+    };
+    shared::batch::BatchState::new(
+        shared::ids::BatchId::new(id),
+        "g",
+        "graphs/g.json",
+        spec,
+        &items,
+        chrono::Utc::now(),
+    )
+}
+
+pub async fn batches_are_created_once_and_written_by_version(s: &dyn RunStore, _: &Profile) {
+    let b = batch("b1");
+    assert!(s.create_batch(&b).await.unwrap());
+    assert!(!s.create_batch(&b).await.unwrap(), "created once");
+    let (got, v) = s.load_batch(&b.batch_id).await.unwrap().expect("stored");
+    assert_eq!(got, b);
+    let mut next = got.clone();
+    next.spec.max_running = 2;
+    assert_eq!(
+        s.commit_batch(&next, v).await.unwrap(),
+        CasOutcome::Committed
+    );
+    assert_eq!(
+        s.commit_batch(&next, v).await.unwrap(),
+        CasOutcome::Conflict,
+        "a stale version is refused"
+    );
+    let (got, v2) = s.load_batch(&b.batch_id).await.unwrap().expect("stored");
+    assert_eq!((got.spec.max_running, v2), (2, v + 1));
+    let unknown = shared::ids::BatchId::new("nope");
+    assert!(s.load_batch(&unknown).await.unwrap().is_none());
+    let ghost = batch("nope");
+    assert_eq!(
+        s.commit_batch(&ghost, 1).await.unwrap(),
+        CasOutcome::Conflict,
+        "no write to a batch that does not exist"
+    );
+    assert!(s.load_batch(&unknown).await.unwrap().is_none());
+}
+
+pub async fn finished_batches_leave_the_active_set(s: &dyn RunStore, _: &Profile) {
+    let (b1, b2) = (batch("b1"), batch("b2"));
+    s.create_batch(&b1).await.unwrap();
+    tick().await;
+    let mut b2 = b2;
+    b2.created_at = chrono::Utc::now();
+    s.create_batch(&b2).await.unwrap();
+    let ids =
+        |v: Vec<shared::ids::BatchId>| -> Vec<String> { v.iter().map(|i| i.to_string()).collect() };
+    assert_eq!(ids(s.list_batches().await.unwrap()), vec!["b2", "b1"]);
+    let mut active = ids(s.active_batches().await.unwrap());
+    active.sort();
+    assert_eq!(active, vec!["b1", "b2"]);
+    // Cancelling a batch with nothing running settles it: it is finished.
+    let (mut done, v) = s.load_batch(&b1.batch_id).await.unwrap().expect("stored");
+    done.cancel(chrono::Utc::now());
+    assert!(done.is_finished());
+    s.commit_batch(&done, v).await.unwrap();
+    assert_eq!(ids(s.active_batches().await.unwrap()), vec!["b2"]);
+    assert_eq!(
+        ids(s.list_batches().await.unwrap()),
+        vec!["b2", "b1"],
+        "still listed"
+    );
+}
+
 /// One `#[tokio::test]` per case of the run-store contract. `$fresh` is an expression that
 /// gives a fresh, empty store (it may `.await`), `$profile` the adapter's [`Profile`].
 #[macro_export]
@@ -391,6 +466,8 @@ macro_rules! run_store_conformance {
             created_before_lists_the_oldest_first,
             list_is_newest_first,
             the_epoch_is_set_once,
+            batches_are_created_once_and_written_by_version,
+            finished_batches_leave_the_active_set,
         );
     };
     (@cases $fresh:expr, $profile:expr; $($case:ident,)+) => {

@@ -3,9 +3,10 @@
 //! in-flight lists whose owner's lease lapsed go back to the outbox.
 
 use async_trait::async_trait;
+use shared::batch::BatchState;
 use shared::engine::RunState;
-use shared::ids::RunId;
-use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
+use shared::ids::{BatchId, RunId};
+use shared::ports::{BatchStore, CasOutcome, OutboxMessage, PortError, RunStore};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -51,10 +52,59 @@ struct Inner {
     leases: HashMap<String, Instant>,
     deadlines: BTreeMap<String, i64>,
     epoch: Option<String>,
+    /// State and version per batch, and the ids in creation order.
+    batches: BTreeMap<BatchId, (BatchState, u64)>,
+    batch_order: Vec<BatchId>,
 }
 
 fn encode(m: &OutboxMessage) -> String {
     serde_json::to_string(m).expect("outbox message serializes")
+}
+
+#[async_trait]
+impl BatchStore for MemoryRunStore {
+    async fn create_batch(&self, state: &BatchState) -> Result<bool, PortError> {
+        let mut g = self.lock();
+        if g.batches.contains_key(&state.batch_id) {
+            return Ok(false);
+        }
+        g.batches.insert(state.batch_id.clone(), (state.clone(), 1));
+        g.batch_order.push(state.batch_id.clone());
+        Ok(true)
+    }
+
+    async fn load_batch(&self, id: &BatchId) -> Result<Option<(BatchState, u64)>, PortError> {
+        Ok(self.lock().batches.get(id).cloned())
+    }
+
+    async fn commit_batch(
+        &self,
+        state: &BatchState,
+        version: u64,
+    ) -> Result<CasOutcome, PortError> {
+        let mut g = self.lock();
+        match g.batches.get_mut(&state.batch_id) {
+            Some((s, v)) if *v == version => {
+                *s = state.clone();
+                *v += 1;
+                Ok(CasOutcome::Committed)
+            }
+            _ => Ok(CasOutcome::Conflict),
+        }
+    }
+
+    async fn list_batches(&self) -> Result<Vec<BatchId>, PortError> {
+        Ok(self.lock().batch_order.iter().rev().cloned().collect())
+    }
+
+    async fn active_batches(&self) -> Result<Vec<BatchId>, PortError> {
+        let g = self.lock();
+        Ok(g.batch_order
+            .iter()
+            .filter(|id| g.batches.get(*id).is_some_and(|(s, _)| !s.is_finished()))
+            .cloned()
+            .collect())
+    }
 }
 
 #[async_trait]

@@ -5,3 +5,4 @@
 pub mod conformance;
 pub mod memory;
 pub mod redis;
+mod redis_batches;

@@ -69,8 +69,8 @@ return #ARGV
 "#;
 
 pub struct RedisRunStore {
-    conn: ConnectionManager,
-    ns: String,
+    pub(super) conn: ConnectionManager,
+    pub(super) ns: String,
     lease: std::time::Duration,
     create: Script,
     commit: Script,
@@ -85,13 +85,17 @@ fn err(e: redis::RedisError) -> PortError {
     PortError::Connection(e.to_string())
 }
 
-fn encode<T: serde::Serialize>(v: &T) -> Result<String, PortError> {
+pub(super) fn encode<T: serde::Serialize>(v: &T) -> Result<String, PortError> {
     serde_json::to_string(v).map_err(|e| PortError::Encoding(e.to_string()))
 }
 
 /// Runs one Redis call with the call timeout; a call that found the connection dropped (the
 /// server restarted: the connection manager reconnects on the next call) is tried once more.
-async fn timed<T, F, Fut>(what: &str, conn: &ConnectionManager, call: F) -> Result<T, PortError>
+pub(super) async fn timed<T, F, Fut>(
+    what: &str,
+    conn: &ConnectionManager,
+    call: F,
+) -> Result<T, PortError>
 where
     F: Fn(ConnectionManager) -> Fut,
     Fut: std::future::Future<Output = redis::RedisResult<T>>,
