@@ -2,6 +2,7 @@
 //! the router serves those, and the OpenAPI document (`crate::openapi`, served at
 //! `/v1/openapi.json`) is checked against them.
 
+use crate::batches::api as batches;
 use crate::driver::{Coordinator, DriverError};
 use crate::openapi::{NoSuchRun, RunPath};
 use crate::submit::{self, SubmitError, SubmitRequest};
@@ -76,6 +77,12 @@ pub fn routes() -> Vec<Route> {
         at(Get, "/v1/runs/:id/artifacts", list_artifacts),
         at(Get, "/v1/runs/:id/artifacts/*key", get_run_artifact),
         at(Get, "/v1/artifacts/*key", get_artifact),
+        at(Post, "/v1/batches", batches::create_batch),
+        at(Get, "/v1/batches", batches::list_batches),
+        at(Get, "/v1/batches/:id", batches::batch_status),
+        at(Post, "/v1/batches/:id/cancel", batches::cancel_batch),
+        at(Get, "/v1/batches/:id/report", batches::batch_report),
+        at(Get, "/v1/batches/:id/junit", batches::batch_junit),
     ]
 }
 
@@ -113,6 +120,9 @@ impl From<DriverError> for ApiError {
                 format!("run `{r}` not found"),
                 vec![],
             ),
+            e @ DriverError::UnknownBatch(_) => {
+                ApiError(StatusCode::NOT_FOUND, e.to_string(), vec![])
+            }
             other => {
                 error!(error = %other, "request failed");
                 ApiError(StatusCode::INTERNAL_SERVER_ERROR, other.to_string(), vec![])

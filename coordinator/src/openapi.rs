@@ -31,6 +31,12 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         api::list_artifacts,
         api::get_run_artifact,
         api::get_artifact,
+        crate::batches::api::create_batch,
+        crate::batches::api::list_batches,
+        crate::batches::api::batch_status,
+        crate::batches::api::cancel_batch,
+        crate::batches::api::batch_report,
+        crate::batches::api::batch_junit,
     ),
     components(schemas(
         http::ErrorBody,
@@ -44,6 +50,10 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         http::LogEntry,
         http::ArtifactListing,
         crate::submit::SubmitRequest,
+        crate::batches::BatchRequest,
+        crate::batches::BatchSubmitted,
+        crate::batches::api::BatchView,
+        crate::batches::api::BatchListing,
     )),
     modifiers(&ChosenRunId)
 )]

@@ -131,6 +131,12 @@ impl Client {
         self.decode(path, resp).await
     }
 
+    /// A route's body as text (`/v1/batches/:id/junit`).
+    pub async fn text(&self, path: &str) -> anyhow::Result<String> {
+        let resp = self.send(self.http.get(self.url(path))).await?;
+        Ok(resp.text().await?)
+    }
+
     pub async fn submit(&self, req: &SubmitRequest) -> anyhow::Result<Submitted> {
         self.post("/v1/runs", req).await
     }

@@ -7,6 +7,7 @@
 //! - `graph_tools`: loading and checking graphs, the Mermaid rendering.
 
 mod args;
+mod batch;
 mod client;
 mod graph_tools;
 mod serve;
@@ -67,6 +68,11 @@ pub enum Cmd {
     Graph {
         #[command(subcommand)]
         cmd: GraphCmd,
+    },
+    /// Batches: a dataset run as one run per item and trial, with reports.
+    Batch {
+        #[command(subcommand)]
+        cmd: batch::BatchCmd,
     },
 }
 
@@ -211,6 +217,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Batch { cmd } => batch::run(cmd, &mut out).await,
         Cmd::Graph { cmd } => match cmd {
             GraphCmd::Check { file } => {
                 let b = load_graph(&file)?;

@@ -44,6 +44,8 @@ pub enum DriverError {
     Engine(#[from] engine::EngineError),
     #[error("run `{0}` not found")]
     UnknownRun(RunId),
+    #[error("batch `{0}` not found")]
+    UnknownBatch(shared::ids::BatchId),
     #[error(transparent)]
     Submit(#[from] SubmitError),
 }
@@ -405,7 +407,8 @@ impl Coordinator {
         let watchdog = tokio::spawn(self.clone().watchdog(shutdown.clone()));
         let recovery = tokio::spawn(self.clone().recover_lost_runs(shutdown.clone()));
         let retention = tokio::spawn(self.clone().retention(shutdown.clone()));
-        let _ = tokio::join!(relay, results, dead, watchdog, recovery, retention);
+        let batches = tokio::spawn(crate::batches::drive(self.clone(), shutdown.clone()));
+        let _ = tokio::join!(relay, results, dead, watchdog, recovery, retention, batches);
     }
 }
 

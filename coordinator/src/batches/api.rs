@@ -1,0 +1,177 @@
+//! The batch routes of the HTTP API (listed in `crate::api::routes`, documented in the OpenAPI
+//! document like the others).
+
+use super::{state_key, submit_batch, BatchRequest, BatchSubmitted};
+use crate::api::ApiError;
+use crate::driver::{Coordinator, DriverError};
+use crate::submit::SubmitError;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use shared::batch::{BatchCounts, BatchState};
+use shared::ids::BatchId;
+use shared::ports::CasOutcome;
+use std::sync::Arc;
+
+/// A batch and its counts (`GET /v1/batches/:id`).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchView {
+    #[schema(value_type = Object)]
+    pub counts: BatchCounts,
+    #[schema(value_type = Object)]
+    pub batch: BatchState,
+}
+
+/// One line of `GET /v1/batches`.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchListing {
+    #[schema(value_type = String)]
+    pub batch_id: BatchId,
+    pub graph: String,
+    #[schema(value_type = Object)]
+    pub counts: BatchCounts,
+    pub finished: bool,
+    pub cancelled: bool,
+}
+
+async fn load(c: &Coordinator, id: &str) -> Result<(BatchState, u64), ApiError> {
+    let id = BatchId::new(id);
+    if let Some(found) = c.store.load_batch(&id).await.map_err(DriverError::from)? {
+        return Ok(found);
+    }
+    // A batch the store lost is read back from its mirror (read only).
+    match c.blobs.get_json::<BatchState>(&state_key(&id)).await {
+        Ok(s) => Ok((s, 0)),
+        Err(_) => Err(DriverError::UnknownBatch(id).into()),
+    }
+}
+
+/// Submits a batch: a graph, a JSONL dataset, the agent and the batch's options.
+#[utoipa::path(
+    post, path = "/v1/batches",
+    request_body = BatchRequest,
+    responses(
+        (status = 201, body = BatchSubmitted, description = "the batch was created"),
+        (status = 200, body = BatchSubmitted, description = "the same batch was submitted before"),
+        (status = 400, body = shared::http::ErrorBody, description = "malformed, or an invalid graph or dataset"),
+    )
+)]
+pub async fn create_batch(
+    State(c): State<Arc<Coordinator>>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<BatchSubmitted>), ApiError> {
+    let req: BatchRequest = serde_json::from_slice(&body)
+        .map_err(|e| DriverError::from(SubmitError::Input(format!("malformed batch: {e}"))))?;
+    let submitted = submit_batch(&c, req).await?;
+    let status = if submitted.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(submitted)))
+}
+
+#[utoipa::path(get, path = "/v1/batches", responses((status = 200, body = Vec<BatchListing>)))]
+pub async fn list_batches(
+    State(c): State<Arc<Coordinator>>,
+) -> Result<Json<Vec<BatchListing>>, ApiError> {
+    let mut out = Vec::new();
+    for id in c.store.list_batches().await.map_err(DriverError::from)? {
+        if let Some((b, _)) = c.store.load_batch(&id).await.map_err(DriverError::from)? {
+            out.push(BatchListing {
+                counts: b.counts(),
+                finished: b.is_finished(),
+                cancelled: b.cancelled,
+                graph: b.graph,
+                batch_id: b.batch_id,
+            });
+        }
+    }
+    Ok(Json(out))
+}
+
+#[utoipa::path(
+    get, path = "/v1/batches/{id}",
+    params(("id" = String, Path, description = "the batch's id")),
+    responses((status = 200, body = BatchView), (status = 404, body = shared::http::ErrorBody))
+)]
+pub async fn batch_status(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+) -> Result<Json<BatchView>, ApiError> {
+    let (batch, _) = load(&c, &id).await?;
+    Ok(Json(BatchView {
+        counts: batch.counts(),
+        batch,
+    }))
+}
+
+/// Cancels a batch: queued items never start, running runs are cancelled.
+#[utoipa::path(
+    post, path = "/v1/batches/{id}/cancel",
+    params(("id" = String, Path, description = "the batch's id")),
+    responses((status = 200, body = BatchView), (status = 404, body = shared::http::ErrorBody))
+)]
+pub async fn cancel_batch(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+) -> Result<Json<BatchView>, ApiError> {
+    loop {
+        let (mut batch, version) = load(&c, &id).await?;
+        if batch.cancelled || batch.is_finished() {
+            return Ok(Json(BatchView {
+                counts: batch.counts(),
+                batch,
+            }));
+        }
+        batch.cancel(c.clock.now());
+        let outcome = c
+            .store
+            .commit_batch(&batch, version)
+            .await
+            .map_err(DriverError::from)?;
+        if outcome == CasOutcome::Committed {
+            return Ok(Json(BatchView {
+                counts: batch.counts(),
+                batch,
+            }));
+        }
+    }
+}
+
+/// The batch's report: every item, verdicts, pass rate with its interval, cost, tokens, time.
+#[utoipa::path(
+    get, path = "/v1/batches/{id}/report",
+    params(("id" = String, Path, description = "the batch's id")),
+    responses((status = 200, body = Object), (status = 404, body = shared::http::ErrorBody))
+)]
+pub async fn batch_report(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (batch, _) = load(&c, &id).await?;
+    Ok(Json(shared::batch::json_report(&batch)))
+}
+
+/// The batch as JUnit XML: one test case per item (and trial), for CI systems.
+#[utoipa::path(
+    get, path = "/v1/batches/{id}/junit",
+    params(("id" = String, Path, description = "the batch's id")),
+    responses(
+        (status = 200, body = String, content_type = "application/xml"),
+        (status = 404, body = shared::http::ErrorBody),
+    )
+)]
+pub async fn batch_junit(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (batch, _) = load(&c, &id).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/xml")],
+        shared::batch::junit_xml(&batch),
+    ))
+}

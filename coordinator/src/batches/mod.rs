@@ -1,0 +1,161 @@
+//! Batches: a dataset expanded into one run per item and trial, at most `max_running` at once,
+//! driven by every coordinator (`drive.rs`) through the batch's compare-and-set state, so any
+//! of them may stop and the batch goes on. A run's id is the batch's choice for the item, trial
+//! and attempt, so two coordinators starting the same item start one run.
+//!
+//! What a batch was asked for (graph, dataset, agent, options) is kept in object storage under
+//! `batches/<id>/request.json`; its state in the run store, mirrored to
+//! `batches/<id>/state.json` after each change.
+
+pub mod api;
+mod drive;
+
+use crate::driver::{Coordinator, DriverError};
+use crate::submit::{SubmitError, SubmitRequest};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use shared::batch::{BatchSpec, BatchState, DatasetItem};
+use shared::graph::GraphBundle;
+use shared::hashing::canonical_hash;
+use shared::ids::BatchId;
+use shared::messages::{AgentConfig, ScriptStep};
+use std::collections::BTreeMap;
+
+pub use drive::drive;
+
+/// `POST /v1/batches`: a graph, a dataset and how to run it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    #[schema(value_type = Object)]
+    pub graph: GraphBundle,
+    /// The dataset as JSONL (one item per line: `id`, `repo`, `ref`, `input` or
+    /// `work_order`, `script`), checked by the coordinator.
+    pub dataset: String,
+    /// The agent of items without a `script` of their own.
+    #[serde(default)]
+    pub agent: AgentConfig,
+    /// Factory graphs: the `options` of every item's input (`max_attempts`, ...).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub options: Value,
+    #[schema(value_type = Object)]
+    pub spec: BatchSpec,
+}
+
+/// What `POST /v1/batches` answers.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+pub struct BatchSubmitted {
+    #[schema(value_type = String)]
+    pub batch_id: BatchId,
+    /// False when the same batch was submitted before: the existing one is returned.
+    pub created: bool,
+    /// Runs the batch will make (items × trials).
+    pub runs: usize,
+}
+
+fn request_key(id: &BatchId) -> String {
+    format!("batches/{id}/request.json")
+}
+
+pub fn state_key(id: &BatchId) -> String {
+    format!("batches/{id}/state.json")
+}
+
+/// Checks a batch and creates it; nothing is stored unless every check passed. The same batch
+/// (graph, dataset, agent, options, spec) submitted again returns the existing one.
+pub async fn submit_batch(
+    coord: &Coordinator,
+    req: BatchRequest,
+) -> Result<BatchSubmitted, DriverError> {
+    shared::graph::check(&req.graph)
+        .map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect::<Vec<_>>()))?;
+    req.spec.validate().map_err(SubmitError::Input)?;
+    let items = shared::batch::parse_dataset(&req.dataset)
+        .map_err(|e| SubmitError::Input(e.to_string()))?;
+    let runs = items.len().saturating_mul(req.spec.trials as usize);
+    if runs > shared::batch::MAX_BATCH_RUNS {
+        return Err(SubmitError::Input(format!(
+            "{} items × {} trials is {runs} runs; a batch makes at most {}",
+            items.len(),
+            req.spec.trials,
+            shared::batch::MAX_BATCH_RUNS
+        ))
+        .into());
+    }
+    if !req.options.is_null() && !req.options.is_object() {
+        return Err(SubmitError::Input("`options` is an object".into()).into());
+    }
+    for item in &items {
+        item_agent(item, &req.agent).map_err(SubmitError::Input)?;
+    }
+    // Everything that changes what runs is in the id.
+    let config = canonical_hash(&json!({
+        "graph": req.graph.hash(), "agent": req.agent, "options": req.options,
+    }));
+    let batch_id = shared::batch::batch_id(&config, &items, &req.spec);
+    let graph_ref = format!("graphs/{}.json", req.graph.hash());
+    if let Some((existing, _)) = coord.store.load_batch(&batch_id).await? {
+        return Ok(BatchSubmitted {
+            runs: existing.items.len(),
+            batch_id,
+            created: false,
+        });
+    }
+    coord.blobs.put_json(&graph_ref, &req.graph).await?;
+    coord.blobs.put_json(&request_key(&batch_id), &req).await?;
+    let state = BatchState::new(
+        batch_id.clone(),
+        req.graph.graph.name.clone(),
+        graph_ref,
+        req.spec.clone(),
+        &items,
+        coord.clock.now(),
+    );
+    let runs = state.items.len();
+    let created = coord.store.create_batch(&state).await?;
+    if created {
+        coord.blobs.put_json(&state_key(&batch_id), &state).await?;
+    }
+    Ok(BatchSubmitted {
+        batch_id,
+        created,
+        runs,
+    })
+}
+
+/// The agent of one item: its own script, or the batch's agent.
+fn item_agent(item: &DatasetItem, base: &AgentConfig) -> Result<AgentConfig, String> {
+    match &item.script {
+        None => Ok(base.clone()),
+        Some(script) => serde_json::from_value::<BTreeMap<String, Vec<ScriptStep>>>(script.clone())
+            .map(|script| AgentConfig::Scripted { script })
+            .map_err(|e| format!("item `{}`: the script is malformed: {e}", item.id)),
+    }
+}
+
+/// The run request of one item of the batch.
+fn item_request(req: &BatchRequest, item: &DatasetItem) -> Result<SubmitRequest, String> {
+    let input = match (&item.input, &item.work_order) {
+        (Some(input), None) => input.clone(),
+        (None, Some(order)) => json!({
+            "work_order": order,
+            "work_order_path": format!("{}.work_order.json", item.id),
+            "options": if req.options.is_null() { json!({}) } else { req.options.clone() },
+        }),
+        (None, None) => json!({}),
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "item `{}` has both `input` and `work_order`",
+                item.id
+            ))
+        }
+    };
+    Ok(SubmitRequest {
+        graph: req.graph.clone(),
+        input,
+        repo: item.repo.clone(),
+        git_ref: item.git_ref.clone().unwrap_or_else(|| "HEAD".into()),
+        agent: item_agent(item, &req.agent)?,
+    })
+}

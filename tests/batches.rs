@@ -1,0 +1,177 @@
+//! Batches on the real stack: a dataset of factory items (a gold patch, a wrong one, one out of
+//! scope, one whose repository does not exist) gives the expected verdict for each item, the
+//! infrastructure error is never a verdict, the JSON and JUnit reports say so, and the batch
+//! goes on when its coordinator is killed and another takes over.
+
+use fleet_tests::stack::{example, make_calc_repo, Stack};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn read_json(path: &str) -> anyhow::Result<Value> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
+}
+
+/// The dataset: one line per item, scripts inline.
+fn dataset(dir: &Path, repo: &str) -> anyhow::Result<std::path::PathBuf> {
+    let order = read_json(&example("factory-calc/work_order.json"))?;
+    let script = |name: &str| read_json(&example(&format!("factory-calc/{name}")));
+    let items = [
+        json!({"id": "gold", "repo": repo, "work_order": order, "script": script("script-pass.json")?}),
+        json!({"id": "wrong", "repo": repo, "work_order": order,
+               "script": script("script-acceptance-fail.json")?}),
+        json!({"id": "scope", "repo": repo, "work_order": order,
+               "script": script("script-scope-then-pass.json")?}),
+        json!({"id": "norepo", "repo": "/nonexistent/repo", "work_order": order,
+               "script": script("script-pass.json")?}),
+    ];
+    let text: Vec<String> = items.iter().map(|i| i.to_string()).collect();
+    let path = dir.join("dataset.jsonl");
+    std::fs::write(&path, text.join("\n") + "\n")?;
+    Ok(path)
+}
+
+async fn wait_batch(stack: &Stack, id: &str, timeout: Duration) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let v = stack.get(&format!("/v1/batches/{id}")).await?;
+        if v["batch"]["finished_at"].is_string() {
+            return Ok(v);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "batch {id} not finished: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn item<'a>(report: &'a Value, id: &str) -> &'a Value {
+    report["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["item_id"] == id))
+        .unwrap_or(&Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<()> {
+    let mut stack = Stack::start("batch", 2, &[]).await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let data = dataset(stack.dir.path(), &repo)?;
+    let submit = |stack: &Stack| {
+        stack.cli(&[
+            "batch",
+            "submit",
+            &data.display().to_string(),
+            "--max-attempts",
+            "1",
+            "--max-running",
+            "2",
+            "--max-infra-retries",
+            "1",
+            "--label",
+            "suite=calc",
+        ])
+    };
+    let out = submit(&stack)?;
+    anyhow::ensure!(out.code == 0, "batch submit failed: {}", out.stderr);
+    let id = out.stdout.trim().to_string();
+    // The same batch again is the same batch.
+    let again = submit(&stack)?;
+    assert_eq!(again.stdout.trim(), id, "{}", again.stderr);
+
+    // The coordinator dies while the batch runs; another takes over and finishes it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = stack.get(&format!("/v1/batches/{id}")).await?;
+        if v["counts"]["running"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "nothing started: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stack.restart_coordinator().await?;
+
+    let v = wait_batch(&stack, &id, Duration::from_secs(300)).await?;
+    let c = &v["counts"];
+    assert_eq!(
+        (
+            c["total"].as_u64(),
+            c["passed"].as_u64(),
+            c["failed"].as_u64(),
+            c["errored"].as_u64()
+        ),
+        (Some(4), Some(1), Some(2), Some(1)),
+        "{v}"
+    );
+    assert_eq!(v["batch"]["spec"]["labels"]["suite"], "calc");
+
+    // The reports, through the CLI.
+    let out_dir = stack.dir.path().join("report");
+    let rep = stack.cli(&[
+        "batch",
+        "report",
+        &id,
+        "--out",
+        &out_dir.display().to_string(),
+    ])?;
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    let report: Value = serde_json::from_slice(&std::fs::read(out_dir.join("report.json"))?)?;
+    assert_eq!(item(&report, "gold")["verdict"], "PASS", "{report}");
+    assert_eq!(item(&report, "wrong")["verdict"], "FAIL");
+    assert_eq!(item(&report, "wrong")["ended_stage"], "acceptance_failed");
+    assert_eq!(item(&report, "scope")["verdict"], "FAIL");
+    assert_eq!(
+        item(&report, "scope")["ended_stage"],
+        "patch_scope_violation"
+    );
+    // The missing repository is an error of the item, retried once, never a verdict.
+    let norepo = item(&report, "norepo");
+    assert_eq!(norepo["state"], "errored", "{norepo}");
+    assert!(norepo["verdict"].is_null(), "{norepo}");
+    assert_eq!(norepo["attempt"], 2, "{norepo}");
+    assert_eq!(norepo["infra_errors"].as_array().map(Vec::len), Some(1));
+    // Each run the batch made is a real run of the fleet, with the verdict the report gives.
+    for name in ["gold", "wrong", "scope"] {
+        let run = item(&report, name)["run_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let result = stack.get(&format!("/v1/runs/{run}/result")).await?;
+        assert_eq!(
+            result["result"]["verdict"],
+            item(&report, name)["verdict"],
+            "{name}"
+        );
+    }
+
+    let junit = std::fs::read_to_string(out_dir.join("junit.xml"))?;
+    assert_eq!(junit.matches("<testcase").count(), 4, "{junit}");
+    assert_eq!(junit.matches("<failure").count(), 2, "{junit}");
+    assert_eq!(junit.matches("<error").count(), 1, "{junit}");
+
+    // Listed, and `wait` on a finished batch with an errored item exits 1.
+    let list = stack.cli(&["batch", "list"])?;
+    assert!(list.stdout.contains(&id), "{}", list.stdout);
+    let wait = stack.cli(&["batch", "wait", &id])?;
+    assert_eq!(wait.code, 1, "{}", wait.stdout);
+    assert!(
+        wait.stdout.contains("passed 1, failed 2, errored 1"),
+        "{}",
+        wait.stdout
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_dataset_is_refused_naming_its_line_and_nothing_runs() -> anyhow::Result<()> {
+    let stack = Stack::start("batchbad", 0, &[]).await?;
+    let path = stack.dir.path().join("bad.jsonl");
+    std::fs::write(
+        &path,
+        "{\"id\": \"a\", \"repo\": \"/r\"}\n{\"id\": \"a\", \"repo\": \"/r\"}\n",
+    )?;
+    let out = stack.cli(&["batch", "submit", &path.display().to_string()])?;
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("line 2"), "{}", out.stderr);
+    let list = stack.get("/v1/batches").await?;
+    assert_eq!(list, json!([]), "nothing was created");
+    Ok(())
+}
