@@ -147,6 +147,14 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
     assert_eq!(junit.matches("<failure").count(), 2, "{junit}");
     assert_eq!(junit.matches("<error").count(), 1, "{junit}");
 
+    let html = std::fs::read_to_string(out_dir.join("report.html"))?;
+    for text in ["gold", "wrong", "scope", "norepo", "PASS", "FAIL"] {
+        assert!(html.contains(text), "{text} missing: {html}");
+    }
+    assert!(html.contains("pass rate 33.3% (1 / 3 judged)"), "{html}");
+    assert_eq!(html.matches("<svg").count(), 2, "{html}");
+    assert!(!html.contains("https://"), "{html}");
+
     // Listed, and `wait` on a finished batch with an errored item exits 1.
     let list = stack.cli(&["batch", "list"])?;
     assert!(list.stdout.contains(&id), "{}", list.stdout);

@@ -83,6 +83,7 @@ pub fn routes() -> Vec<Route> {
         at(Post, "/v1/batches/:id/cancel", batches::cancel_batch),
         at(Get, "/v1/batches/:id/report", batches::batch_report),
         at(Get, "/v1/batches/:id/junit", batches::batch_junit),
+        at(Get, "/v1/batches/:id/html", batches::batch_html),
     ]
 }
 

@@ -37,6 +37,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::batches::api::cancel_batch,
         crate::batches::api::batch_report,
         crate::batches::api::batch_junit,
+        crate::batches::api::batch_html,
     ),
     components(schemas(
         http::ErrorBody,

@@ -175,3 +175,23 @@ pub async fn batch_junit(
         shared::batch::junit_xml(&batch),
     ))
 }
+
+/// The batch as one self-contained HTML page for people: summary, charts, failures, every item.
+#[utoipa::path(
+    get, path = "/v1/batches/{id}/html",
+    params(("id" = String, Path, description = "the batch's id")),
+    responses(
+        (status = 200, body = String, content_type = "text/html; charset=utf-8"),
+        (status = 404, body = shared::http::ErrorBody),
+    )
+)]
+pub async fn batch_html(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (batch, _) = load(&c, &id).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        shared::batch::html_report(&batch),
+    ))
+}

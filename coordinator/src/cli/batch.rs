@@ -1,5 +1,5 @@
 //! `fleet batch`: submit a dataset as a batch, follow it, cancel it, list batches, write its
-//! reports (JSON and JUnit XML).
+//! reports (JSON, JUnit XML and a self-contained HTML page).
 
 use super::args::ServerArg;
 use super::graph_tools::load_graph;
@@ -26,7 +26,7 @@ pub enum BatchCmd {
     Cancel(BatchRef),
     /// List batches.
     List(ServerArg),
-    /// Write the batch's reports: `report.json` and `junit.xml` in `--out`.
+    /// Write the batch's reports: `report.json`, `junit.xml` and `report.html` in `--out`.
     Report(BatchReportArgs),
 }
 
@@ -237,14 +237,20 @@ pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
             let junit = client
                 .text(&format!("/v1/batches/{}/junit", r.batch_id))
                 .await?;
+            let html = client
+                .text(&format!("/v1/batches/{}/html", r.batch_id))
+                .await?;
             std::fs::create_dir_all(&r.out)
                 .with_context(|| format!("cannot create {}", r.out.display()))?;
             let json_path = r.out.join("report.json");
             std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
             let xml_path = r.out.join("junit.xml");
             std::fs::write(&xml_path, junit)?;
+            let html_path = r.out.join("report.html");
+            std::fs::write(&html_path, html)?;
             out.line(json_path.display())?;
             out.line(xml_path.display())?;
+            out.line(html_path.display())?;
             if report.is_null() {
                 bail!("empty report");
             }

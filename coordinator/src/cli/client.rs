@@ -131,7 +131,7 @@ impl Client {
         self.decode(path, resp).await
     }
 
-    /// A route's body as text (`/v1/batches/:id/junit`).
+    /// A route's body as text (`/v1/batches/:id/junit`, `/v1/batches/:id/html`).
     pub async fn text(&self, path: &str) -> anyhow::Result<String> {
         let resp = self.send(self.http.get(self.url(path))).await?;
         Ok(resp.text().await?)

@@ -1,10 +1,11 @@
 //! Batches: a dataset (JSON Lines, [`dataset`]) expanded into one run per item and trial, at
 //! most `max_running` at once, each run's verdict recorded, infrastructure errors retried and
 //! never counted as verdicts ([`state`]), and reports ([`report`]: JSON with the pass rate's
-//! interval and pass@k, JUnit XML). Pure: the coordinator stores a [`BatchState`] and drives
-//! it.
+//! interval and pass@k, JUnit XML; [`html`]: one self-contained page for people). Pure: the
+//! coordinator stores a [`BatchState`] and drives it.
 
 pub mod dataset;
+pub mod html;
 pub mod report;
 pub mod state;
 
@@ -12,6 +13,7 @@ pub mod state;
 mod tests;
 
 pub use dataset::{parse_dataset, DatasetError, DatasetItem};
+pub use html::{html_escape, html_report};
 pub use report::{json_report, junit_xml};
 pub use state::{
     batch_id, outcome_of, BatchCounts, BatchItem, BatchSpec, BatchState, ItemOutcome, ItemState,

@@ -1,6 +1,7 @@
 //! Tests of the batch model: datasets, the state machine, outcomes of runs, reports.
 
 mod dataset;
+mod html;
 mod outcome;
 mod report;
 mod state;

@@ -27,7 +27,7 @@ fn the_wilson_interval_matches_known_values() {
 
 /// Two items, two trials: a passes then fails, b fails then errors (after one infra retry);
 /// c (one trial each too) stays queued.
-fn mixed() -> BatchState {
+pub(super) fn mixed() -> BatchState {
     let mut b = batch(&["a", "b", "c"], spec(2, 4));
     for i in b.to_start() {
         b.started(i, b.run_id_for(i), t(10));
