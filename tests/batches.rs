@@ -165,6 +165,36 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
         "{}",
         wait.stdout
     );
+
+    // The errored item again, as a batch of its own (its repository is still missing).
+    let rerun = stack.cli(&["batch", "rerun", &id, "--errored"])?;
+    assert_eq!(rerun.code, 0, "{}", rerun.stderr);
+    let rerun_id = rerun.stdout.trim().to_string();
+    assert_ne!(rerun_id, id);
+    let v2 = wait_batch(&stack, &rerun_id, Duration::from_secs(120)).await?;
+    assert_eq!(v2["counts"]["total"], 1, "{v2}");
+    assert_eq!(v2["counts"]["errored"], 1, "{v2}");
+    assert_eq!(v2["batch"]["items"][0]["item_id"], "norepo");
+    assert_eq!(v2["batch"]["spec"]["labels"]["rerun_of"], id.as_str());
+    let nothing = stack.cli(&["batch", "rerun", &rerun_id, "--failed"])?;
+    assert_ne!(nothing.code, 0);
+    assert!(
+        nothing.stderr.contains("no item to rerun"),
+        "{}",
+        nothing.stderr
+    );
+    // Side by side: the three judged items only in the first, the errored one not comparable.
+    let cmp = stack.cli(&["batch", "compare", &id, &rerun_id])?;
+    assert_eq!(cmp.code, 0, "{}", cmp.stderr);
+    let cmp: Value = serde_json::from_str(&cmp.stdout)?;
+    assert_eq!(
+        cmp["only_before"],
+        json!(["gold", "scope", "wrong"]),
+        "{cmp}"
+    );
+    assert_eq!(cmp["not_comparable"], json!(["norepo"]), "{cmp}");
+    assert_eq!(cmp["improved"], json!([]));
+    assert_eq!(cmp["regressed"], json!([]));
     Ok(())
 }
 

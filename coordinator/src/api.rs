@@ -83,6 +83,12 @@ pub fn routes() -> Vec<Route> {
         at(Post, "/v1/batches/:id/cancel", batches::cancel_batch),
         at(Get, "/v1/batches/:id/report", batches::batch_report),
         at(Get, "/v1/batches/:id/junit", batches::batch_junit),
+        at(Post, "/v1/batches/:id/rerun", batches::rerun_batch),
+        at(
+            Get,
+            "/v1/batches/:id/compare/:other",
+            batches::compare_batches,
+        ),
         at(Get, "/v1/batches/:id/html", batches::batch_html),
     ]
 }

@@ -37,6 +37,8 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::batches::api::cancel_batch,
         crate::batches::api::batch_report,
         crate::batches::api::batch_junit,
+        crate::batches::api::rerun_batch,
+        crate::batches::api::compare_batches,
         crate::batches::api::batch_html,
     ),
     components(schemas(
@@ -55,6 +57,8 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::batches::BatchSubmitted,
         crate::batches::api::BatchView,
         crate::batches::api::BatchListing,
+        crate::batches::api::RerunBody,
+        crate::batches::api::RerunWhich,
     )),
     modifiers(&ChosenRunId)
 )]

@@ -1,7 +1,7 @@
 //! The batch routes of the HTTP API (listed in `crate::api::routes`, documented in the OpenAPI
 //! document like the others).
 
-use super::{state_key, submit_batch, BatchRequest, BatchSubmitted};
+use super::{request_key, state_key, submit_batch, BatchRequest, BatchSubmitted};
 use crate::api::ApiError;
 use crate::driver::{Coordinator, DriverError};
 use crate::submit::SubmitError;
@@ -194,4 +194,101 @@ pub async fn batch_html(
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
         shared::batch::html_report(&batch),
     ))
+}
+
+/// Which items of a batch a rerun takes.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RerunWhich {
+    /// Items with a failing verdict.
+    Failed,
+    /// Items that ended on an infrastructure error.
+    Errored,
+    /// Every item that did not pass (failed, errored, cancelled).
+    NotPassed,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerunBody {
+    pub which: RerunWhich,
+}
+
+/// A new batch of the chosen items of this one (same graph, agent, options and spec, labelled
+/// `rerun_of=<id>`).
+#[utoipa::path(
+    post, path = "/v1/batches/{id}/rerun",
+    params(("id" = String, Path, description = "the batch's id")),
+    request_body = RerunBody,
+    responses(
+        (status = 201, body = BatchSubmitted, description = "the new batch"),
+        (status = 200, body = BatchSubmitted, description = "the same rerun was made before"),
+        (status = 400, body = shared::http::ErrorBody, description = "no item to rerun"),
+        (status = 404, body = shared::http::ErrorBody),
+    )
+)]
+pub async fn rerun_batch(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+    Json(body): Json<RerunBody>,
+) -> Result<(StatusCode, Json<BatchSubmitted>), ApiError> {
+    use shared::batch::ItemState;
+    let (batch, _) = load(&c, &id).await?;
+    let chosen: std::collections::BTreeSet<&str> = batch
+        .items
+        .iter()
+        .filter(|i| match body.which {
+            RerunWhich::Failed => i.state == ItemState::Failed,
+            RerunWhich::Errored => i.state == ItemState::Errored,
+            RerunWhich::NotPassed => i.state.is_settled() && i.state != ItemState::Passed,
+        })
+        .map(|i| i.item_id.as_str())
+        .collect();
+    if chosen.is_empty() {
+        let why = format!("batch `{id}` has no item to rerun ({:?})", body.which);
+        return Err(DriverError::from(SubmitError::Input(why.to_lowercase())).into());
+    }
+    let mut req: BatchRequest = c
+        .blobs
+        .get_json(&request_key(&batch.batch_id))
+        .await
+        .map_err(DriverError::from)?;
+    let items = shared::batch::parse_dataset(&req.dataset)
+        .map_err(|e| DriverError::from(SubmitError::Input(e.to_string())))?;
+    let mut dataset = String::new();
+    for item in items.iter().filter(|i| chosen.contains(i.id.as_str())) {
+        let line = serde_json::to_string(item)
+            .map_err(|e| DriverError::from(SubmitError::Input(e.to_string())))?;
+        dataset.push_str(&line);
+        dataset.push('\n');
+    }
+    req.dataset = dataset;
+    req.spec
+        .labels
+        .insert("rerun_of".into(), batch.batch_id.to_string());
+    let submitted = submit_batch(&c, req).await?;
+    let status = if submitted.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(submitted)))
+}
+
+/// `{other}` against `{id}`: improved, regressed and flipped items, cost deltas.
+#[utoipa::path(
+    get, path = "/v1/batches/{id}/compare/{other}",
+    params(
+        ("id" = String, Path, description = "the batch before"),
+        ("other" = String, Path, description = "the batch after"),
+    ),
+    responses((status = 200, body = Object), (status = 404, body = shared::http::ErrorBody))
+)]
+pub async fn compare_batches(
+    State(c): State<Arc<Coordinator>>,
+    Path((id, other)): Path<(String, String)>,
+) -> Result<Json<shared::batch::Comparison>, ApiError> {
+    let (before, _) = load(&c, &id).await?;
+    let (after, _) = load(&c, &other).await?;
+    Ok(Json(shared::batch::compare(&before, &after)))
 }

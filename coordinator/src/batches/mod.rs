@@ -54,7 +54,7 @@ pub struct BatchSubmitted {
     pub runs: usize,
 }
 
-fn request_key(id: &BatchId) -> String {
+pub(crate) fn request_key(id: &BatchId) -> String {
     format!("batches/{id}/request.json")
 }
 

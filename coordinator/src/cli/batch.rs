@@ -26,6 +26,10 @@ pub enum BatchCmd {
     Cancel(BatchRef),
     /// List batches.
     List(ServerArg),
+    /// Make a new batch of the chosen items of this one; prints its id.
+    Rerun(BatchRerunArgs),
+    /// Compare two batches item by item: improved, regressed, flipped, cost deltas (JSON).
+    Compare(BatchCompareArgs),
     /// Write the batch's reports: `report.json`, `junit.xml` and `report.html` in `--out`.
     Report(BatchReportArgs),
 }
@@ -55,6 +59,32 @@ pub struct BatchSubmitArgs {
     /// Factory graphs: attempts per item.
     #[arg(long)]
     pub max_attempts: Option<u32>,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args)]
+pub struct BatchRerunArgs {
+    pub batch_id: String,
+    /// Rerun the items with a failing verdict.
+    #[arg(long, group = "which")]
+    pub failed: bool,
+    /// Rerun the items that ended on an infrastructure error.
+    #[arg(long, group = "which")]
+    pub errored: bool,
+    /// Rerun every item that did not pass.
+    #[arg(long, group = "which")]
+    pub not_passed: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args)]
+pub struct BatchCompareArgs {
+    /// The batch before.
+    pub before: String,
+    /// The batch after.
+    pub after: String,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -227,6 +257,32 @@ pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
                     }
                 ))?;
             }
+            Ok(0)
+        }
+        BatchCmd::Rerun(r) => {
+            let which = match (r.failed, r.errored, r.not_passed) {
+                (true, false, false) => "failed",
+                (false, true, false) => "errored",
+                (false, false, true) => "not_passed",
+                _ => bail!("say which items: --failed, --errored or --not-passed"),
+            };
+            let answer: Value = Client::new(&r.server.server)
+                .post(
+                    &format!("/v1/batches/{}/rerun", r.batch_id),
+                    &json!({ "which": which }),
+                )
+                .await?;
+            let id = answer["batch_id"]
+                .as_str()
+                .ok_or_else(|| anyhow!("the coordinator answered without a batch id: {answer}"))?;
+            out.line(id)?;
+            Ok(0)
+        }
+        BatchCmd::Compare(c) => {
+            let v: Value = Client::new(&c.server.server)
+                .get(&format!("/v1/batches/{}/compare/{}", c.before, c.after))
+                .await?;
+            out.line(serde_json::to_string_pretty(&v)?)?;
             Ok(0)
         }
         BatchCmd::Report(r) => {

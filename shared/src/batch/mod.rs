@@ -4,6 +4,7 @@
 //! interval and pass@k, JUnit XML; [`html`]: one self-contained page for people). Pure: the
 //! coordinator stores a [`BatchState`] and drives it.
 
+pub mod compare;
 pub mod dataset;
 pub mod html;
 pub mod report;
@@ -12,6 +13,7 @@ pub mod state;
 #[cfg(test)]
 mod tests;
 
+pub use compare::{compare, Comparison};
 pub use dataset::{parse_dataset, DatasetError, DatasetItem};
 pub use html::{html_escape, html_report};
 pub use report::{json_report, junit_xml};
