@@ -158,4 +158,3 @@ async fn a_twenty_thousand_node_graph_is_refused_in_under_a_second_and_others_ar
     assert_eq!(status["status"], "succeeded", "{status}");
     Ok(())
 }
-
