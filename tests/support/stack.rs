@@ -411,17 +411,11 @@ impl Stack {
         at_least: f64,
         timeout: Duration,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let now = self.worker_metric(id, metric, labels).await.unwrap_or(0.0);
-            if now >= at_least {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!("{metric}{labels:?} of {id} is {now} after {timeout:?}, not {at_least}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{metric}{labels:?} of {id}");
+        poll_until_at_least(&what, at_least, timeout, || async {
+            self.worker_metric(id, metric, labels).await.unwrap_or(0.0)
+        })
+        .await
     }
 
     /// Waits until the coordinator's `metric` (its `/metrics`) reaches `at_least`.
@@ -431,20 +425,14 @@ impl Stack {
         at_least: f64,
         timeout: Duration,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let now = match self.get_text("/metrics").await {
+        let what = format!("the coordinator's {metric}");
+        poll_until_at_least(&what, at_least, timeout, || async {
+            match self.get_text("/metrics").await {
                 Ok(text) => sum_samples(&text, metric, &[]),
                 Err(_) => 0.0,
-            };
-            if now >= at_least {
-                return Ok(());
             }
-            if Instant::now() >= deadline {
-                bail!("the coordinator's {metric} is {now} after {timeout:?}, not {at_least}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     async fn wait_healthy(&self) -> anyhow::Result<()> {
@@ -773,6 +761,30 @@ pub fn slow_po_work_order(dir: &Path, seconds: u32) -> anyhow::Result<PathBuf> {
     let path = dir.join("slow_po_work_order.json");
     std::fs::write(&path, serde_json::to_vec(&order)?)?;
     Ok(path)
+}
+
+/// Reads a figure every 50 ms until it reaches `at_least`; fails after `timeout` naming `what`.
+async fn poll_until_at_least<F, Fut>(
+    what: &str,
+    at_least: f64,
+    timeout: Duration,
+    mut read: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = read().await;
+        if now >= at_least {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("{what} is {now} after {timeout:?}, not {at_least}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A free address on 127.0.0.1 for a process to listen on.

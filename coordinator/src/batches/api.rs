@@ -25,6 +25,24 @@ pub struct BatchView {
     pub batch: BatchState,
 }
 
+impl BatchView {
+    fn of(batch: BatchState) -> Json<Self> {
+        Json(BatchView {
+            counts: batch.counts(),
+            batch,
+        })
+    }
+}
+
+/// 201 for a new batch, 200 for one submitted before.
+fn created_status(submitted: &BatchSubmitted) -> StatusCode {
+    if submitted.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
+}
+
 /// One line of `GET /v1/batches`.
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BatchListing {
@@ -66,12 +84,7 @@ pub async fn create_batch(
     let req: BatchRequest = serde_json::from_slice(&body)
         .map_err(|e| DriverError::from(SubmitError::Input(format!("malformed batch: {e}"))))?;
     let submitted = submit_batch(&c, req).await?;
-    let status = if submitted.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(submitted)))
+    Ok((created_status(&submitted), Json(submitted)))
 }
 
 #[utoipa::path(get, path = "/v1/batches", responses((status = 200, body = Vec<BatchListing>)))]
@@ -103,10 +116,7 @@ pub async fn batch_status(
     Path(id): Path<String>,
 ) -> Result<Json<BatchView>, ApiError> {
     let (batch, _) = load(&c, &id).await?;
-    Ok(Json(BatchView {
-        counts: batch.counts(),
-        batch,
-    }))
+    Ok(BatchView::of(batch))
 }
 
 /// Cancels a batch: queued items never start, running runs are cancelled.
@@ -122,10 +132,7 @@ pub async fn cancel_batch(
     loop {
         let (mut batch, version) = load(&c, &id).await?;
         if batch.cancelled || batch.is_finished() {
-            return Ok(Json(BatchView {
-                counts: batch.counts(),
-                batch,
-            }));
+            return Ok(BatchView::of(batch));
         }
         batch.cancel(c.clock.now());
         let outcome = c
@@ -134,10 +141,7 @@ pub async fn cancel_batch(
             .await
             .map_err(DriverError::from)?;
         if outcome == CasOutcome::Committed {
-            return Ok(Json(BatchView {
-                counts: batch.counts(),
-                batch,
-            }));
+            return Ok(BatchView::of(batch));
         }
     }
 }
@@ -267,12 +271,7 @@ pub async fn rerun_batch(
         .labels
         .insert("rerun_of".into(), batch.batch_id.to_string());
     let submitted = submit_batch(&c, req).await?;
-    let status = if submitted.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(submitted)))
+    Ok((created_status(&submitted), Json(submitted)))
 }
 
 /// `{other}` against `{id}`: improved, regressed and flipped items, cost deltas.

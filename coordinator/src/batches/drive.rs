@@ -6,6 +6,7 @@
 
 use super::{item_request, request_key, state_key, BatchRequest};
 use crate::driver::{Coordinator, DriverError};
+use shared::batch::DatasetItem;
 use shared::batch::{outcome_of, BatchState, ItemOutcome, ItemState};
 use shared::engine::RunStatus;
 use shared::ids::BatchId;
@@ -22,8 +23,34 @@ const TICK: Duration = Duration::from_millis(500);
 /// Compare-and-set attempts of one batch per tick.
 const CAS_TRIES: usize = 5;
 
+/// A batch's request with its dataset parsed once, items by id.
+pub(super) struct Loaded {
+    req: BatchRequest,
+    items: HashMap<String, DatasetItem>,
+}
+
+impl Loaded {
+    fn new(req: BatchRequest) -> Result<Self, DriverError> {
+        let items = shared::batch::parse_dataset(&req.dataset)
+            .map_err(|e| crate::submit::SubmitError::Input(e.to_string()))?;
+        Ok(Loaded {
+            req,
+            items: items.into_iter().map(|i| (i.id.clone(), i)).collect(),
+        })
+    }
+}
+
+/// The batch's request from object storage, its dataset parsed.
+async fn load(coord: &Coordinator, id: &BatchId) -> Result<Loaded, DriverError> {
+    let req = coord
+        .blobs
+        .get_json::<BatchRequest>(&request_key(id))
+        .await?;
+    Loaded::new(req)
+}
+
 pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
-    let mut requests: HashMap<BatchId, Arc<BatchRequest>> = HashMap::new();
+    let mut requests: HashMap<BatchId, Arc<Loaded>> = HashMap::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -38,17 +65,13 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
         };
         requests.retain(|id, _| active.contains(id));
         for id in active {
-            let req = match requests.get(&id) {
-                Some(r) => r.clone(),
-                None => match coord
-                    .blobs
-                    .get_json::<BatchRequest>(&request_key(&id))
-                    .await
-                {
-                    Ok(r) => {
-                        let r = Arc::new(r);
-                        requests.insert(id.clone(), r.clone());
-                        r
+            let loaded = match requests.get(&id) {
+                Some(l) => l.clone(),
+                None => match load(&coord, &id).await {
+                    Ok(l) => {
+                        let l = Arc::new(l);
+                        requests.insert(id.clone(), l.clone());
+                        l
                     }
                     Err(e) => {
                         warn!(batch = %id, error = %e, "cannot read the batch's request");
@@ -56,7 +79,7 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
                     }
                 },
             };
-            if let Err(e) = tick(&coord, &id, &req).await {
+            if let Err(e) = tick(&coord, &id, &loaded).await {
                 warn!(batch = %id, error = %e, "batch tick failed; retrying next tick");
             }
         }
@@ -67,13 +90,13 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
 pub(super) async fn tick(
     coord: &Coordinator,
     id: &BatchId,
-    req: &BatchRequest,
+    loaded: &Loaded,
 ) -> Result<(), DriverError> {
     for _ in 0..CAS_TRIES {
         let Some((mut state, version)) = coord.store.load_batch(id).await? else {
             return Ok(());
         };
-        if !advance(coord, &mut state, req).await? {
+        if !advance(coord, &mut state, loaded).await? {
             return Ok(());
         }
         match coord.store.commit_batch(&state, version).await? {
@@ -97,11 +120,9 @@ pub(super) async fn tick(
 async fn advance(
     coord: &Coordinator,
     state: &mut BatchState,
-    req: &BatchRequest,
+    loaded: &Loaded,
 ) -> Result<bool, DriverError> {
     let mut changed = false;
-    let items = shared::batch::parse_dataset(&req.dataset)
-        .map_err(|e| crate::submit::SubmitError::Input(e.to_string()))?;
     for i in 0..state.items.len() {
         if state.items[i].state != ItemState::Running {
             continue;
@@ -112,7 +133,7 @@ async fn advance(
         let run_state = match coord.load(&run).await {
             Ok(s) => s,
             Err(DriverError::UnknownRun(_)) => {
-                let outcome = lost_run(&run);
+                let outcome = infra_outcome(format!("run `{run}` is gone from the run store"));
                 state.finished(i, &outcome, coord.clock.now());
                 changed = true;
                 continue;
@@ -129,11 +150,10 @@ async fn advance(
     }
     for i in state.to_start() {
         let run_id = state.run_id_for(i);
-        let item_id = state.items[i].item_id.clone();
-        let Some(item) = items.iter().find(|it| it.id == item_id) else {
+        let Some(item) = loaded.items.get(&state.items[i].item_id) else {
             continue;
         };
-        let started = match item_request(req, item) {
+        let started = match item_request(&loaded.req, item) {
             Ok(r) => crate::submit::submit_as(coord, r, Some(run_id.to_string())).await,
             Err(why) => Err(crate::submit::SubmitError::Input(why).into()),
         };
@@ -142,7 +162,7 @@ async fn advance(
             // The item cannot become a run (its repository is missing, its input breaks the
             // graph's schema): an error of the item, not a verdict.
             Err(DriverError::Submit(e)) => {
-                let outcome = not_started(&e.to_string());
+                let outcome = infra_outcome(format!("the item's run could not start: {e}"));
                 state.finished(i, &outcome, coord.clock.now());
             }
             Err(e) => return Err(e),
@@ -152,26 +172,14 @@ async fn advance(
     Ok(changed)
 }
 
-/// The outcome of an item whose run could not be created.
-fn not_started(why: &str) -> ItemOutcome {
+/// An infrastructure error of an item (its run could not start, or is gone): retried as a
+/// new attempt while retries are left, never a verdict.
+fn infra_outcome(error: String) -> ItemOutcome {
     ItemOutcome {
         status: RunStatus::Failed,
         verdict: None,
         ended_stage: None,
-        error: Some(format!("the item's run could not start: {why}")),
-        infra_error: true,
-        cost_usd: 0.0,
-        tokens: 0,
-    }
-}
-
-/// The outcome of an item whose run the store no longer knows (removed past its retention).
-fn lost_run(run: &shared::ids::RunId) -> ItemOutcome {
-    ItemOutcome {
-        status: RunStatus::Failed,
-        verdict: None,
-        ended_stage: None,
-        error: Some(format!("run `{run}` is gone from the run store")),
+        error: Some(error),
         infra_error: true,
         cost_usd: 0.0,
         tokens: 0,

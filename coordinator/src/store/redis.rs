@@ -85,6 +85,15 @@ fn err(e: redis::RedisError) -> PortError {
     PortError::Connection(e.to_string())
 }
 
+/// A compare-and-set script's answer (1: written).
+pub(super) fn cas(written: i64) -> CasOutcome {
+    if written == 1 {
+        CasOutcome::Committed
+    } else {
+        CasOutcome::Conflict
+    }
+}
+
 pub(super) fn encode<T: serde::Serialize>(v: &T) -> Result<String, PortError> {
     serde_json::to_string(v).map_err(|e| PortError::Encoding(e.to_string()))
 }
@@ -151,6 +160,41 @@ impl RedisRunStore {
         (self.lease.as_millis() as u64).max(1)
     }
 
+    /// Runs a prepared script with the store's timeout.
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, PortError> {
+        timed(what, &self.conn, |mut c| async move {
+            inv.invoke_async(&mut c).await
+        })
+        .await
+    }
+
+    /// A versioned document (a hash {state, version}): its decoded state and version.
+    pub(super) async fn load_versioned<T: serde::de::DeserializeOwned>(
+        &self,
+        what: &str,
+        key: String,
+    ) -> Result<Option<(T, u64)>, PortError> {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(key).arg("state").arg("version");
+        let (state, version): (Option<String>, Option<u64>) = timed(what, &self.conn, |mut c| {
+            let cmd = &cmd;
+            async move { cmd.query_async(&mut c).await }
+        })
+        .await?;
+        match (state, version) {
+            (Some(s), Some(v)) => {
+                let state =
+                    serde_json::from_str(&s).map_err(|e| PortError::Encoding(e.to_string()))?;
+                Ok(Some((state, v)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn run_key(&self, run: &RunId) -> String {
         format!("{}:run:{run}", self.ns)
     }
@@ -184,30 +228,12 @@ impl RunStore for RedisRunStore {
         for m in outbox {
             inv.arg(encode(m)?);
         }
-        let created: i64 = timed("create", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await?;
+        let created: i64 = self.invoke("create", &inv).await?;
         Ok(created == 1)
     }
 
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError> {
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(self.run_key(run)).arg("state").arg("version");
-        let (state, version): (Option<String>, Option<u64>) = timed("load", &self.conn, |mut c| {
-            let cmd = &cmd;
-            async move { cmd.query_async(&mut c).await }
-        })
-        .await?;
-        match (state, version) {
-            (Some(s), Some(v)) => {
-                let state =
-                    serde_json::from_str(&s).map_err(|e| PortError::Encoding(e.to_string()))?;
-                Ok(Some((state, v)))
-            }
-            _ => Ok(None),
-        }
+        self.load_versioned("load", self.run_key(run)).await
     }
 
     async fn commit(
@@ -224,16 +250,7 @@ impl RunStore for RedisRunStore {
         for m in outbox {
             inv.arg(encode(m)?);
         }
-        let ok: i64 = timed("commit", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await?;
-        Ok(if ok == 1 {
-            CasOutcome::Committed
-        } else {
-            CasOutcome::Conflict
-        })
+        Ok(cas(self.invoke("commit", &inv).await?))
     }
 
     async fn list(&self) -> Result<Vec<RunId>, PortError> {
@@ -253,11 +270,7 @@ impl RunStore for RedisRunStore {
             .key(self.owner_key(owner))
             .arg(max)
             .arg(self.lease_ms());
-        timed("outbox claim", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await
+        self.invoke("outbox claim", &inv).await
     }
 
     async fn outbox_done(&self, owner: &str, raws: &[String]) -> Result<(), PortError> {
@@ -269,11 +282,7 @@ impl RunStore for RedisRunStore {
         for r in raws {
             inv.arg(r);
         }
-        let _: i64 = timed("outbox done", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await?;
+        let _: i64 = self.invoke("outbox done", &inv).await?;
         Ok(())
     }
 
@@ -309,11 +318,7 @@ impl RunStore for RedisRunStore {
             }
             let mut inv = self.reclaim_own.prepare_invoke();
             inv.key(&key).key(self.outbox_key());
-            let n: usize = timed("recover in-flight", &self.conn, |mut c| {
-                let inv = &inv;
-                async move { inv.invoke_async(&mut c).await }
-            })
-            .await?;
+            let n: usize = self.invoke("recover in-flight", &inv).await?;
             moved += n;
         }
         Ok(moved)
@@ -322,11 +327,7 @@ impl RunStore for RedisRunStore {
     async fn outbox_reclaim_own(&self, owner: &str) -> Result<usize, PortError> {
         let mut inv = self.reclaim_own.prepare_invoke();
         inv.key(self.inflight_key(owner)).key(self.outbox_key());
-        timed("reclaim own in-flight", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await
+        self.invoke("reclaim own in-flight", &inv).await
     }
 
     async fn heartbeat(&self, owner: &str) -> Result<(), PortError> {
@@ -355,11 +356,7 @@ impl RunStore for RedisRunStore {
     async fn due(&self, now: i64, max: usize, lease: i64) -> Result<Vec<String>, PortError> {
         let mut inv = self.due.prepare_invoke();
         inv.key(self.deadlines_key()).arg(now).arg(max).arg(lease);
-        timed("due", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await
+        self.invoke("due", &inv).await
     }
 
     async fn unwatch(&self, watch: &str) -> Result<(), PortError> {
@@ -415,10 +412,6 @@ impl RunStore for RedisRunStore {
     async fn epoch(&self, candidate: &str) -> Result<String, PortError> {
         let mut inv = self.epoch.prepare_invoke();
         inv.key(format!("{}:epoch", self.ns)).arg(candidate);
-        timed("epoch", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await
+        self.invoke("epoch", &inv).await
     }
 }

@@ -2,12 +2,13 @@
 //! sorted set by creation time; the unfinished ones in a set of their own, left in the same
 //! script that commits a finished state.
 
-use super::redis::{encode, timed, RedisRunStore};
+use super::redis::{cas, encode, timed, RedisRunStore};
 use async_trait::async_trait;
 use redis::{AsyncCommands, Script};
 use shared::batch::BatchState;
 use shared::ids::BatchId;
 use shared::ports::{BatchStore, CasOutcome, PortError};
+use std::sync::LazyLock;
 
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -24,6 +25,10 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'version', tonumber(v) + 1)
 if ARGV[3] == '1' then redis.call('SREM', KEYS[2], ARGV[4]) end
 return 1
 "#;
+
+// Compiled (hashed) once per process.
+static CREATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CREATE));
+static COMMIT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(COMMIT));
 
 impl RedisRunStore {
     fn batch_key(&self, id: &BatchId) -> String {
@@ -44,39 +49,19 @@ fn ids(raw: Vec<String>) -> Vec<BatchId> {
 #[async_trait]
 impl BatchStore for RedisRunStore {
     async fn create_batch(&self, state: &BatchState) -> Result<bool, PortError> {
-        let script = Script::new(CREATE);
-        let mut inv = script.prepare_invoke();
+        let mut inv = CREATE_SCRIPT.prepare_invoke();
         inv.key(self.batch_key(&state.batch_id))
             .key(self.batches_key())
             .key(self.active_batches_key())
             .arg(encode(state)?)
             .arg(state.created_at.timestamp_millis())
             .arg(state.batch_id.as_str());
-        let created: i64 = timed("create batch", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await?;
+        let created: i64 = self.invoke("create batch", &inv).await?;
         Ok(created == 1)
     }
 
     async fn load_batch(&self, id: &BatchId) -> Result<Option<(BatchState, u64)>, PortError> {
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(self.batch_key(id)).arg("state").arg("version");
-        let (state, version): (Option<String>, Option<u64>) =
-            timed("load batch", &self.conn, |mut c| {
-                let cmd = &cmd;
-                async move { cmd.query_async(&mut c).await }
-            })
-            .await?;
-        match (state, version) {
-            (Some(s), Some(v)) => {
-                let state =
-                    serde_json::from_str(&s).map_err(|e| PortError::Encoding(e.to_string()))?;
-                Ok(Some((state, v)))
-            }
-            _ => Ok(None),
-        }
+        self.load_versioned("load batch", self.batch_key(id)).await
     }
 
     async fn commit_batch(
@@ -84,24 +69,14 @@ impl BatchStore for RedisRunStore {
         state: &BatchState,
         version: u64,
     ) -> Result<CasOutcome, PortError> {
-        let script = Script::new(COMMIT);
-        let mut inv = script.prepare_invoke();
+        let mut inv = COMMIT_SCRIPT.prepare_invoke();
         inv.key(self.batch_key(&state.batch_id))
             .key(self.active_batches_key())
             .arg(version.to_string())
             .arg(encode(state)?)
             .arg(if state.is_finished() { "1" } else { "0" })
             .arg(state.batch_id.as_str());
-        let ok: i64 = timed("commit batch", &self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await?;
-        Ok(if ok == 1 {
-            CasOutcome::Committed
-        } else {
-            CasOutcome::Conflict
-        })
+        Ok(cas(self.invoke("commit batch", &inv).await?))
     }
 
     async fn list_batches(&self) -> Result<Vec<BatchId>, PortError> {
