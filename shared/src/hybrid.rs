@@ -270,6 +270,19 @@ fn mutation_result(state: &RunState) -> Value {
     }
 }
 
+/// The test ids any test run of the run found flaky (its `output.flaky_tests`), sorted, at most
+/// [`crate::batch::flaky::MAX_FLAKY_LISTED`].
+pub fn flaky_tests(state: &RunState) -> Vec<String> {
+    let ids: BTreeSet<String> = state
+        .history
+        .iter()
+        .flat_map(|o| strings(&o.output["flaky_tests"]))
+        .collect();
+    ids.into_iter()
+        .take(crate::batch::flaky::MAX_FLAKY_LISTED)
+        .collect()
+}
+
 /// `HybridResult`: success, the exit variant, spec, recomputed coverage, understanding, both
 /// adversaries with their derived verdicts, the witness, the lattice, branches and total cost.
 pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: DateTime<Utc>) -> Value {
@@ -335,6 +348,9 @@ pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: DateTime<Utc
         "verification": lattice(state),
         // Claims in the other direction: definitions on disk no claim declared (reported).
         "undeclared_definitions": undeclared,
+        // Tests the harness's reruns found flaky, in any test run of the run (the exit
+        // `flaky_tests` when one decided nothing).
+        "flaky_tests": flaky_tests(state),
         "attempts": state.visits.get(&NodeId::new("fix")).copied().unwrap_or(0),
         "visits": state.visits,
         "branches": branches,
@@ -389,6 +405,7 @@ mod tests {
             finished_at: DateTime::UNIX_EPOCH,
             container_seconds: 0.0,
             branch: None,
+            cached_from: None,
         };
         let c = coverage(&spec, Some(&tests));
         assert_eq!(c["functions_uncovered"], json!(["size"]));

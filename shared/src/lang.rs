@@ -13,11 +13,19 @@
 //!   root, is never loaded), `-p no:cacheprovider` (no `--lf` state), and writes JUnit XML to a
 //!   path in the harness folder, outside the worktree. The harness's options come after the
 //!   command's own, so they win. The environment is rebuilt from nothing (`env -i`): fixed
-//!   `PATH`, `HOME`, `TZ=UTC`, `LC_ALL=C.UTF-8`, `PYTHONHASHSEED=0`, no `PYTEST_ADDOPTS`, no
-//!   `PYTHONPATH`, no `PYTEST_PLUGINS`.
+//!   `PATH`, `HOME`, `TZ=UTC`, `LC_ALL=C.UTF-8`, `LANG=C.UTF-8`, `PYTHONHASHSEED=0`, no
+//!   `PYTEST_ADDOPTS`, no `PYTEST_PLUGINS`, and `PYTHONPATH` only the harness's own `pins/`
+//!   folder. Seeds are pinned so that two runs of the same code run the same test: a
+//!   harness-owned plugin (`-p fleet_pins`, from that folder) seeds `random` with 0 before every
+//!   test and, when Hypothesis is installed, loads a profile with `derandomize=True` and no
+//!   example database; `-p no:randomly` keeps pytest-randomly (if installed) from shuffling the
+//!   order or reseeding. What is left to chance after that (time, threads, the network, files
+//!   left in `/tmp`) is what the harness's reruns catch as flaky (`testreport::flaky`).
 //! - **rust (cargo test)**: `--offline` and `--locked`, the environment rebuilt the same way
-//!   (`RUSTFLAGS`, `CARGO_*` cleared), one test thread, results read per test from libtest's
-//!   lines. A planted `.cargo/config.toml` or `build.rs` is kept out by write scopes, not here.
+//!   (`RUSTFLAGS`, `CARGO_*` cleared; `TZ`, `LC_ALL`, `LANG` as above; `PROPTEST_RNG_SEED=0`, so
+//!   proptest draws the same cases every run), one test thread, results read per test from
+//!   libtest's lines. A planted `.cargo/config.toml` or `build.rs` is kept out by write scopes,
+//!   not here.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -75,6 +83,30 @@ pub const LANGUAGES: &[&str] = &["python", "rust"];
 
 const JUNIT_FILE: &str = "out/report.xml";
 const INI_FILE: &str = "pytest.ini";
+/// The harness's pytest plugin pinning seeds, in a folder of its own (on `PYTHONPATH`).
+const PINS_DIR: &str = "pins";
+const PINS_PLUGIN: &str = "fleet_pins";
+const PINS_SOURCE: &str = r#"# written by the fleet harness: seeds pinned, the same for every run and every test
+import random
+
+import pytest
+
+SEED = 0
+
+
+def pytest_configure(config):
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    settings.register_profile("fleet-pinned", derandomize=True, database=None)
+    settings.load_profile("fleet-pinned")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    random.seed(SEED)
+"#;
 
 fn pinned_env(extra: &[(&str, &str)]) -> Vec<String> {
     let mut argv = vec![
@@ -137,7 +169,12 @@ pub fn test_invocation(
                 }
             };
             let harness = layout.harness.trim_end_matches('/');
-            let mut argv = pinned_env(&[("PYTHONHASHSEED", "0"), ("PYTHONDONTWRITEBYTECODE", "1")]);
+            let pins = format!("{harness}/{PINS_DIR}");
+            let mut argv = pinned_env(&[
+                ("PYTHONHASHSEED", "0"),
+                ("PYTHONDONTWRITEBYTECODE", "1"),
+                ("PYTHONPATH", &pins),
+            ]);
             argv.extend(
                 ["python3", "-s", "-P", "-B", "-m", "pytest"]
                     .iter()
@@ -154,6 +191,10 @@ pub fn test_invocation(
                 ),
                 "-p".into(),
                 "no:cacheprovider".into(),
+                "-p".into(),
+                "no:randomly".into(),
+                "-p".into(),
+                PINS_PLUGIN.into(),
                 format!("--junitxml={harness}/{JUNIT_FILE}"),
                 "-o".into(),
                 "junit_family=xunit2".into(),
@@ -170,7 +211,13 @@ pub fn test_invocation(
                 argv,
                 report: ReportSource::JunitFile,
                 report_file: Some(JUNIT_FILE.into()),
-                harness_files: vec![(INI_FILE.into(), ini)],
+                harness_files: vec![
+                    (INI_FILE.into(), ini),
+                    (
+                        format!("{PINS_DIR}/{PINS_PLUGIN}.py"),
+                        PINS_SOURCE.to_string(),
+                    ),
+                ],
             })
         }
         "rust" => {
@@ -188,8 +235,11 @@ pub fn test_invocation(
                 Some(i) => (&args[..i], &args[i + 1..]),
                 None => (args, &[][..]),
             };
-            let mut argv =
-                pinned_env(&[("CARGO_TERM_COLOR", "never"), ("CARGO_HOME", "/tmp/cargo")]);
+            let mut argv = pinned_env(&[
+                ("CARGO_TERM_COLOR", "never"),
+                ("CARGO_HOME", "/tmp/cargo"),
+                ("PROPTEST_RNG_SEED", "0"),
+            ]);
             argv.extend(["cargo", "test", "--offline", "--locked"].map(String::from));
             argv.extend(cargo_args.iter().cloned());
             argv.push("--".into());
@@ -257,6 +307,36 @@ mod tests {
         assert!(a.contains(&"--junitxml=/fleet/out/report.xml".to_string()));
         assert_eq!(a.last().unwrap(), "/fleet/canary/test_fleet_canary_ab.py");
         assert!(inv.harness_files[0].1.contains("pythonpath = /work"));
+    }
+
+    #[test]
+    fn seeds_timezone_and_locale_are_pinned() {
+        let inv = test_invocation("python", &argv("python -m pytest tests"), &layout()).unwrap();
+        let a = inv.argv;
+        for pin in [
+            "TZ=UTC",
+            "LC_ALL=C.UTF-8",
+            "LANG=C.UTF-8",
+            "PYTHONHASHSEED=0",
+            "PYTHONPATH=/fleet/pins",
+        ] {
+            assert!(a.contains(&pin.to_string()), "{pin} not in {a:?}");
+        }
+        let py = a.iter().position(|x| x == "python3").unwrap();
+        assert!(a[..py].iter().all(|x| !x.starts_with("PYTEST")));
+        let plugins: Vec<&str> = a
+            .windows(2)
+            .filter(|w| w[0] == "-p")
+            .map(|w| w[1].as_str())
+            .collect();
+        assert!(plugins.contains(&"no:randomly") && plugins.contains(&"fleet_pins"));
+        let (file, body) = &inv.harness_files[1];
+        assert_eq!(file, "pins/fleet_pins.py");
+        assert!(body.contains("random.seed(SEED)") && body.contains("derandomize=True"));
+        let rust = test_invocation("rust", &argv("cargo test"), &layout()).unwrap();
+        for pin in ["TZ=UTC", "LC_ALL=C.UTF-8", "PROPTEST_RNG_SEED=0"] {
+            assert!(rust.argv.contains(&pin.to_string()), "{pin}");
+        }
     }
 
     #[test]

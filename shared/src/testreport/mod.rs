@@ -18,8 +18,10 @@
 //! [`CaseOutcome`], [`Counts`], [`ReportError`]), the bounds and the helpers both parsers share;
 //! `junit.rs` the JUnit XML parser ([`parse_junit`]); `libtest.rs` the libtest parser
 //! ([`parse_libtest`]); `judge.rs` the judges ([`judge_pass`], [`judge_fail`]) and pytest's
-//! closing line ([`pytest_summary`]).
+//! closing line ([`pytest_summary`]); `flaky.rs` several runs combined per test (stable or
+//! flaky, [`flaky::combine`]) and whether their verdict stands ([`flaky::decide`]).
 
+pub mod flaky;
 mod judge;
 mod junit;
 mod libtest;

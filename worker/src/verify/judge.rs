@@ -1,12 +1,14 @@
 //! `run_tests`: the frozen tests laid down again, one observed run, and the verdict per test
-//! (`shared::testreport::judge_pass` / `judge_fail`), with failures described stably.
+//! (`shared::testreport::judge_pass` / `judge_fail`), with failures described stably; a run
+//! that disagrees with its expectation or the agent's claim is settled by reruns (`rerun.rs`).
 
 use super::observe::observe;
+use super::rerun::{self, Verdict};
 use super::{bad_params, lay_down_frozen, Expect, RunPlace, TestRunParams};
 use crate::harness::{Artifacts, StepOutcome};
 use serde_json::{json, Value};
 use shared::messages::JobStatus;
-use shared::testreport::{self, CaseOutcome, TestRunReport};
+use shared::testreport::{self, flaky, CaseOutcome, TestRunReport};
 use std::collections::BTreeSet;
 
 /// Failure messages without what changes from run to run (object addresses), so the same
@@ -78,7 +80,8 @@ fn failures(report: &TestRunReport, text: &str, missing: &[String]) -> Vec<Value
     out
 }
 
-/// `run_tests`: lay the frozen tests down, run once, judge by `expect`.
+/// `run_tests`: lay the frozen tests down, run once, judge by `expect`; rerun when the run
+/// disagrees (see `rerun::settle`).
 pub async fn run_tests(
     params: &Value,
     place: &RunPlace<'_>,
@@ -89,6 +92,16 @@ pub async fn run_tests(
         Ok(p) => p,
         Err(e) => return Ok(bad_params(e)),
     };
+    if !(1..=flaky::MAX_RUNS).contains(&p.runs) {
+        return Ok(bad_params(format!(
+            "runs is {}, not between 1 and {}",
+            p.runs,
+            flaky::MAX_RUNS
+        )));
+    }
+    if let Some(Err(e)) = p.claimed.as_ref().map(|c| c.check()) {
+        return Ok(bad_params(e));
+    }
     let mut laid = Vec::new();
     if let Some(frozen) = &p.frozen {
         match lay_down_frozen(place.wt, frozen, &p.test_paths).await {
@@ -203,6 +216,17 @@ pub async fn run_tests(
                 }
                 Expect::Any => (true, None),
             }
+        }
+    };
+    let first = Verdict { obs, ok, error };
+    let (ok, error) = match rerun::settle(&p, place, seed, art, first, &mut output).await? {
+        Ok(v) => (v.ok, v.error),
+        Err(e) => {
+            return Ok(StepOutcome {
+                status: JobStatus::Error,
+                output: Value::Null,
+                error: Some(e),
+            })
         }
     };
     art.put_json("test_report.json", &output).await?;

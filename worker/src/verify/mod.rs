@@ -8,11 +8,14 @@
 //! blocking pool.
 //!
 //! `observe.rs` runs the tests once and reads the report (canary, summary); `judge.rs` is the
-//! `run_tests` op and its verdict; `build.rs` is `check_build` with the implementation policy.
+//! `run_tests` op and its verdict; `rerun.rs` reruns a run that disagrees with its expectation
+//! or with the agent's claim and keeps a verdict that would depend on the run from being given
+//! (`shared::testreport::flaky`); `build.rs` is `check_build` with the implementation policy.
 
 mod build;
 mod judge;
 mod observe;
+mod rerun;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +30,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use shared::messages::JobStatus;
 use shared::scope::{ScopeMatcher, WriteScope};
+use shared::testreport::flaky::{self, Claim};
 use shared::testreport::TestRunReport;
 use std::path::Path;
 
@@ -64,6 +68,13 @@ pub struct TestRunParams {
     pub allowed_skips: Vec<String>,
     #[serde(default = "default_timeout")]
     pub timeout_seconds: u64,
+    /// Runs of a test run that disagrees with `expect` or with `claimed`, the first included,
+    /// 1 to `MAX_RUNS` (1: never rerun); a run that agrees is never rerun.
+    #[serde(default = "default_runs")]
+    pub runs: u32,
+    /// What the agent claimed of its own run (`pass`, `fail`, or test id → outcome).
+    #[serde(default)]
+    pub claimed: Option<Claim>,
 }
 
 pub(crate) fn python() -> String {
@@ -71,6 +82,9 @@ pub(crate) fn python() -> String {
 }
 pub(crate) fn default_timeout() -> u64 {
     600
+}
+fn default_runs() -> u32 {
+    flaky::DEFAULT_RUNS
 }
 
 /// Where a test run happens: the session, its worktree on the host and the harness folder.

@@ -1,7 +1,9 @@
 //! testreport tests: real reports as fixtures and the helpers every room shares; `junit.rs`
 //! (pytest and nextest JUnit, rejected documents), `libtest.rs`, `judge.rs` (`judge_pass`,
-//! `judge_fail`, pytest's closing line) and `fuzz.rs` (hostile input never panics).
+//! `judge_fail`, pytest's closing line), `flaky.rs` (runs combined, verdicts decided or left
+//! to no one) and `fuzz.rs` (hostile input never panics).
 
+mod flaky;
 mod fuzz;
 mod judge;
 mod junit;
