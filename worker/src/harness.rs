@@ -1,10 +1,11 @@
 //! Steps the harness itself runs (never the LLM): the factory's patch application with scope
-//! enforcement, its global verification and acceptance commands, and generic command nodes.
+//! enforcement (its verification and acceptance, PO, are in `acceptance.rs`), generic command
+//! nodes, the skeleton check and git steps.
 //! Every command is an argv run in the job's container, never through a shell. libgit2 and
 //! reads of the worktree run on the blocking pool.
 
 use crate::blobs::Blobs;
-use crate::git::{files_on_disk, Worktree};
+use crate::git::Worktree;
 use crate::sandbox::{ExecOutput, Session};
 use crate::verify::{bad_params, default_timeout, python};
 use serde::Deserialize;
@@ -77,7 +78,9 @@ type StepResult = Result<StepOutcome, crate::blobs::BlobError>;
 
 /// The op's parameters (the node's `with`, evaluated), read into its own type; a parameter of
 /// the wrong type is a clear `bad parameters` error, never a silent default.
-fn read_params<T: serde::de::DeserializeOwned>(params: &Value) -> Result<T, StepOutcome> {
+pub(crate) fn read_params<T: serde::de::DeserializeOwned>(
+    params: &Value,
+) -> Result<T, StepOutcome> {
     serde_json::from_value(params.clone()).map_err(bad_params)
 }
 
@@ -89,17 +92,6 @@ struct ApplyPatchParams {
     unified_diff: String,
     #[serde(default)]
     attempt_index: Value,
-}
-
-/// `factory_verify`'s parameters.
-#[derive(Deserialize)]
-struct FactoryVerifyParams {
-    #[serde(default = "default_timeout")]
-    command_timeout_seconds: u64,
-    #[serde(default)]
-    attempt_index: Value,
-    #[serde(default)]
-    acceptance_commands: Vec<String>,
 }
 
 /// `check_skeleton`'s parameters.
@@ -129,7 +121,7 @@ struct GitParams {
     message: Option<String>,
 }
 
-fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
+pub(crate) fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
     let mut output = output;
     output["failure_brief"] = json!(brief);
     StepOutcome {
@@ -145,6 +137,8 @@ fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
         )),
     }
 }
+
+pub use crate::acceptance::factory_verify;
 
 /// TR: the paths the patch changes, as libgit2 parses it (both sides of renames, modes), must be
 /// inside the node's write scope (the work order's `allowed_files`); then `git apply`.
@@ -289,122 +283,9 @@ pub(crate) async fn run_logged(
     })
 }
 
-fn excerpt(r: &CmdResult) -> String {
+pub(crate) fn excerpt(r: &CmdResult) -> String {
     let both = format!("{}\n{}", r.stdout_trunc, r.stderr_trunc);
     text::tail(both.trim(), 40, 2000)
-}
-
-/// Runs commands in order until one fails (or cannot be split); the failure becomes a brief of
-/// `stage`. Each item is the argv (or the split error) and the command as the user wrote it.
-async fn run_until_failure(
-    session: &dyn Session,
-    commands: &[(Result<Vec<String>, String>, String)],
-    stage: Stage,
-    label: &str,
-    timeout: Duration,
-    art: &mut Artifacts<'_>,
-) -> Result<(Vec<CmdResult>, Option<FailureBrief>), crate::blobs::BlobError> {
-    let mut results = Vec::new();
-    for (i, (argv, shown)) in commands.iter().enumerate() {
-        let argv = match argv {
-            Ok(a) => a,
-            Err(e) => {
-                return Ok((
-                    results,
-                    Some(FailureBrief::new(stage, Some(shown.clone()), None, e)),
-                ))
-            }
-        };
-        let r = run_logged(session, argv, timeout, &format!("{label}_{i}"), art).await?;
-        if r.exit_code != 0 {
-            let brief =
-                FailureBrief::new(stage, Some(shown.clone()), Some(r.exit_code), &excerpt(&r));
-            results.push(r);
-            return Ok((results, Some(brief)));
-        }
-        results.push(r);
-    }
-    Ok((results, None))
-}
-
-/// PO: global verification (`scripts/verify.sh` or the seed's fallback), then the acceptance
-/// commands in order; the first non-zero exit fails the attempt.
-pub async fn factory_verify(
-    params: &Value,
-    wt: &Worktree,
-    session: &dyn Session,
-    art: &mut Artifacts<'_>,
-) -> StepResult {
-    let p: FactoryVerifyParams = match read_params(params) {
-        Ok(p) => p,
-        Err(bad) => return Ok(bad),
-    };
-    let timeout = Duration::from_secs(p.command_timeout_seconds);
-    let has_script = wt.dir.join("scripts/verify.sh").is_file();
-    let mut output = json!({
-        "attempt_index": p.attempt_index,
-        "verify": [], "acceptance": [],
-    });
-    let verify_cmds: Vec<(Result<Vec<String>, String>, String)> =
-        factory::verify_commands(has_script)
-            .into_iter()
-            .map(|argv| {
-                let shown = argv.join(" ");
-                (Ok(argv), shown)
-            })
-            .collect();
-    let (verify, mut brief) = run_until_failure(
-        session,
-        &verify_cmds,
-        Stage::VerifyFailed,
-        "verify",
-        timeout,
-        art,
-    )
-    .await?;
-    output["verify"] = json!(verify);
-    art.put_json("verify_result.json", &output["verify"])
-        .await?;
-    let mut acceptance = Vec::new();
-    if brief.is_none() {
-        let commands: Vec<(Result<Vec<String>, String>, String)> = p
-            .acceptance_commands
-            .iter()
-            .map(|c| (factory::split_command(c), c.clone()))
-            .collect();
-        (acceptance, brief) = run_until_failure(
-            session,
-            &commands,
-            Stage::AcceptanceFailed,
-            "acceptance",
-            timeout,
-            art,
-        )
-        .await?;
-    }
-    output["acceptance"] = json!(acceptance);
-    art.put_json("acceptance_result.json", &output["acceptance"])
-        .await?;
-    match brief {
-        Some(b) => {
-            art.put_json("failure_brief.json", &json!(b)).await?;
-            Ok(failed(output, &b))
-        }
-        None => {
-            let tree_hash = wt
-                .blocking(|wt| {
-                    let files = files_on_disk(&wt.dir).unwrap_or_default();
-                    factory::tree_hash(files.iter().map(|(p, b)| (p.as_str(), b.as_slice())))
-                })
-                .await;
-            output["tree_hash_after"] = json!(tree_hash);
-            Ok(StepOutcome {
-                status: JobStatus::Ok,
-                output,
-                error: None,
-            })
-        }
-    }
 }
 
 /// A command node: each rendered command split with shell rules and run; ok when all exit 0.
@@ -549,14 +430,9 @@ mod tests {
 
     #[test]
     fn op_parameters_are_typed_and_a_wrong_type_is_a_clear_error() {
-        let p: FactoryVerifyParams =
-            read_params(&json!({"acceptance_commands": ["pytest -q"], "attempt_index": 2}))
-                .unwrap_or_else(|_| panic!("good parameters"));
-        assert_eq!(p.command_timeout_seconds, 600);
-        assert_eq!(p.acceptance_commands, vec!["pytest -q".to_string()]);
-        let bad = read_params::<FactoryVerifyParams>(&json!({"acceptance_commands": "pytest"}))
+        let bad = read_params::<ApplyPatchParams>(&json!({"unified_diff": ["x"]}))
             .err()
-            .expect("a string is not a list of commands");
+            .expect("a list is not a diff");
         assert_eq!(bad.status, JobStatus::Error);
         assert!(bad.error.unwrap().starts_with("bad parameters: "));
         let s: SkeletonParams = read_params(&json!({})).unwrap_or_else(|_| panic!("defaults"));

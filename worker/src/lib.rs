@@ -4,6 +4,7 @@
 //! The RabbitMQ and object-store adapters live here and are reused by the coordinator, which
 //! embeds a worker for the single-process mode.
 
+pub mod acceptance;
 pub mod agent;
 pub mod blobs;
 pub mod claims;

@@ -20,6 +20,7 @@ use shared::hashing::canonical_hash;
 use shared::ids::BatchId;
 use shared::messages::{AgentConfig, ScriptStep};
 use std::collections::BTreeMap;
+use std::path::Path;
 
 pub use drive::drive;
 
@@ -41,6 +42,10 @@ pub struct BatchRequest {
     pub options: Value,
     #[schema(value_type = Object)]
     pub spec: BatchSpec,
+    /// Where items with `mirror` (SWE-bench lines: `repo` is `owner/name`) are read from:
+    /// `<mirror_dir>/owner__name`, a git repository the coordinator can open (an absolute path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_dir: Option<String>,
 }
 
 /// What `POST /v1/batches` answers.
@@ -68,6 +73,16 @@ pub async fn submit_batch(
     coord: &Coordinator,
     req: BatchRequest,
 ) -> Result<BatchSubmitted, DriverError> {
+    submit_batch_as(coord, req, None).await
+}
+
+/// [`submit_batch`] under an id the caller chose (a schedule's firing: fixed by the schedule's
+/// name and tick) instead of the one derived from the batch's content.
+pub async fn submit_batch_as(
+    coord: &Coordinator,
+    req: BatchRequest,
+    chosen: Option<BatchId>,
+) -> Result<BatchSubmitted, DriverError> {
     shared::graph::check(&req.graph)
         .map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect::<Vec<_>>()))?;
     req.spec.validate().map_err(SubmitError::Input)?;
@@ -89,11 +104,16 @@ pub async fn submit_batch(
     for item in &items {
         item_agent(item, &req.agent).map_err(SubmitError::Input)?;
     }
+    check_mirror_dir(&items, req.mirror_dir.as_deref()).map_err(SubmitError::Input)?;
     // Everything that changes what runs is in the id.
-    let config = canonical_hash(&json!({
+    let mut identity = json!({
         "graph": req.graph.hash(), "agent": req.agent, "options": req.options,
-    }));
-    let batch_id = shared::batch::batch_id(&config, &items, &req.spec);
+    });
+    if let Some(dir) = &req.mirror_dir {
+        identity["mirror_dir"] = json!(dir);
+    }
+    let config = canonical_hash(&identity);
+    let batch_id = chosen.unwrap_or_else(|| shared::batch::batch_id(&config, &items, &req.spec));
     let graph_ref = format!("graphs/{}.json", req.graph.hash());
     if let Some((existing, _)) = coord.store.load_batch(&batch_id).await? {
         return Ok(BatchSubmitted {
@@ -134,6 +154,45 @@ fn item_agent(item: &DatasetItem, base: &AgentConfig) -> Result<AgentConfig, Str
     }
 }
 
+/// A batch with items read from the mirror needs a mirror directory, given as an absolute path.
+fn check_mirror_dir(items: &[DatasetItem], dir: Option<&str>) -> Result<(), String> {
+    match (items.iter().find(|i| i.mirror), dir) {
+        (Some(item), None) => Err(format!(
+            "item `{}` names its repository `{}` as `owner/name` in a mirror directory, and the \
+             batch has none (`--mirror-dir DIR`: DIR/owner__name is the repository)",
+            item.id, item.repo
+        )),
+        (_, Some(dir)) if !Path::new(dir).is_absolute() => Err(format!(
+            "the mirror directory `{dir}` is not an absolute path"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The repository of an item: its `repo`, or for an item read from the mirror
+/// `<mirror_dir>/owner__name`, which must be there (else the item errs, never a verdict).
+fn item_repo(req: &BatchRequest, item: &DatasetItem) -> Result<String, String> {
+    if !item.mirror {
+        return Ok(item.repo.clone());
+    }
+    let dir = req.mirror_dir.as_deref().ok_or_else(|| {
+        format!(
+            "item `{}` is read from a mirror directory, and the batch has none",
+            item.id
+        )
+    })?;
+    let path = Path::new(dir).join(shared::factory::mirror_folder(&item.repo));
+    if !path.is_dir() {
+        return Err(format!(
+            "item `{}`: no mirror of `{}` at {}",
+            item.id,
+            item.repo,
+            path.display()
+        ));
+    }
+    Ok(path.display().to_string())
+}
+
 /// The run request of one item of the batch.
 fn item_request(req: &BatchRequest, item: &DatasetItem) -> Result<SubmitRequest, String> {
     let input = match (&item.input, &item.work_order) {
@@ -154,8 +213,35 @@ fn item_request(req: &BatchRequest, item: &DatasetItem) -> Result<SubmitRequest,
     Ok(SubmitRequest {
         graph: req.graph.clone(),
         input,
-        repo: item.repo.clone(),
+        repo: item_repo(req, item)?,
         git_ref: item.git_ref.clone().unwrap_or_else(|| "HEAD".into()),
         agent: item_agent(item, &req.agent)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(mirror: bool) -> Vec<DatasetItem> {
+        let line = if mirror {
+            r#"{"id": "a", "repo": "owner/pkg", "mirror": true}"#
+        } else {
+            r#"{"id": "a", "repo": "/repos/pkg"}"#
+        };
+        shared::batch::parse_dataset(line).expect("a dataset")
+    }
+
+    #[test]
+    fn items_read_from_the_mirror_need_an_absolute_mirror_directory() {
+        let err = check_mirror_dir(&items(true), None).unwrap_err();
+        assert!(
+            err.contains("--mirror-dir") && err.contains("owner/pkg"),
+            "{err}"
+        );
+        let err = check_mirror_dir(&items(true), Some("mirrors")).unwrap_err();
+        assert!(err.contains("not an absolute path"), "{err}");
+        assert!(check_mirror_dir(&items(true), Some("/srv/mirrors")).is_ok());
+        assert!(check_mirror_dir(&items(false), None).is_ok());
+    }
 }

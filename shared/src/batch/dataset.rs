@@ -1,4 +1,7 @@
-//! Datasets: JSON Lines, one [`DatasetItem`] a line, read and checked by [`parse_dataset`].
+//! Datasets: JSON Lines, one [`DatasetItem`] a line, read and checked by [`parse_dataset`]. A
+//! line in SWE-bench's form (it has `instance_id`) is read by `factory::swe_item` and becomes a
+//! factory item: its work order judged by the named tests, its repository `owner/name` in the
+//! batch's mirror directory, checked out at `base_commit`.
 
 use super::MAX_BATCH_ITEMS;
 use serde::{Deserialize, Serialize};
@@ -34,6 +37,10 @@ pub struct DatasetItem {
     /// (kept as JSON here; the submission reads it as the agent config).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<Value>,
+    /// `repo` is `owner/name`, the repository `<mirror dir>/owner__name` of the batch's mirror
+    /// directory (SWE-bench lines; a batch with such items needs one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mirror: bool,
 }
 
 /// Why a dataset was refused; each names the 1-based line at fault.
@@ -55,6 +62,14 @@ pub enum DatasetError {
     EmptyRepo { line: usize },
     #[error("line {line}: both `input` and `work_order` are given (one at most)")]
     InputAndWorkOrder { line: usize },
+    #[error("line {line}: `repo` {repo:?} is not `owner/name`, as an item read from the mirror directory names it")]
+    BadMirrorName { line: usize, repo: String },
+    #[error("line {line}: SWE-bench instance {id:?}: {source}")]
+    Swe {
+        line: usize,
+        id: String,
+        source: crate::factory::SweError,
+    },
     #[error("line {line}: more than {MAX_BATCH_ITEMS} items")]
     TooManyItems { line: usize },
     #[error("the dataset has no items")]
@@ -71,9 +86,11 @@ pub fn valid_item_id(id: &str) -> bool {
 }
 
 /// Reads a dataset: one JSON object a line (a `\r` before the newline is allowed), blank lines
-/// skipped. Refused, naming the line: a line over [`MAX_LINE_BYTES`], a line that is not a
-/// [`DatasetItem`] (unknown fields included), a bad or repeated id, an empty `repo`, both
-/// `input` and `work_order`, more than [`MAX_BATCH_ITEMS`] items; and a dataset with none.
+/// skipped; a line with `instance_id` is a SWE-bench instance ([`crate::factory::swe_item`]).
+/// Refused, naming the line: a line over [`MAX_LINE_BYTES`], a line that is not a
+/// [`DatasetItem`] (unknown fields included) or not a valid SWE-bench instance (naming the
+/// field), a bad or repeated id, an empty `repo`, both `input` and `work_order`, more than
+/// [`MAX_BATCH_ITEMS`] items; and a dataset with none.
 pub fn parse_dataset(jsonl: &str) -> Result<Vec<DatasetItem>, DatasetError> {
     let mut items = Vec::new();
     let mut first_line: BTreeMap<String, usize> = BTreeMap::new();
@@ -92,11 +109,19 @@ pub fn parse_dataset(jsonl: &str) -> Result<Vec<DatasetItem>, DatasetError> {
         if items.len() == MAX_BATCH_ITEMS {
             return Err(DatasetError::TooManyItems { line });
         }
-        let item: DatasetItem =
+        let value: Value = serde_json::from_str(text).map_err(|e| DatasetError::Malformed {
+            line,
+            message: json_message(&e),
+        })?;
+        let item = if crate::factory::is_swe_line(&value) {
+            swe_line(&value, line)?
+        } else {
+            // Read from the text again, so an error says its column.
             serde_json::from_str(text).map_err(|e| DatasetError::Malformed {
                 line,
                 message: json_message(&e),
-            })?;
+            })?
+        };
         check_item(&item, line)?;
         if let Some(&first) = first_line.get(&item.id) {
             return Err(DatasetError::DuplicateId {
@@ -127,7 +152,48 @@ fn check_item(item: &DatasetItem, line: usize) -> Result<(), DatasetError> {
     if item.input.is_some() && item.work_order.is_some() {
         return Err(DatasetError::InputAndWorkOrder { line });
     }
+    if item.mirror && !crate::factory::valid_mirror_name(&item.repo) {
+        return Err(DatasetError::BadMirrorName {
+            line,
+            repo: item.repo.chars().take(QUOTED_ID_CHARS).collect(),
+        });
+    }
     Ok(())
+}
+
+/// A SWE-bench line as a factory item (its id checked like any other).
+fn swe_line(value: &Value, line: usize) -> Result<DatasetItem, DatasetError> {
+    let quoted = || {
+        value["instance_id"]
+            .as_str()
+            .unwrap_or_default()
+            .chars()
+            .take(QUOTED_ID_CHARS)
+            .collect::<String>()
+    };
+    if let Some(id) = value["instance_id"]
+        .as_str()
+        .filter(|id| !valid_item_id(id))
+    {
+        return Err(DatasetError::BadId {
+            line,
+            id: id.chars().take(QUOTED_ID_CHARS).collect(),
+        });
+    }
+    let item = crate::factory::swe_item(value).map_err(|source| DatasetError::Swe {
+        line,
+        id: quoted(),
+        source,
+    })?;
+    Ok(DatasetItem {
+        id: item.id,
+        repo: item.repo,
+        git_ref: Some(item.base_commit),
+        input: None,
+        work_order: Some(serde_json::to_value(&item.work_order).unwrap_or(Value::Null)),
+        script: item.script,
+        mirror: true,
+    })
 }
 
 /// serde_json's message with its position as a column of the line (its "line 1" is ours).

@@ -1,12 +1,17 @@
 //! The factory seed's harness rules (SE → TR → PO): work-order validation, deterministic ids
 //! (and the run identity of every submission, `identity.rs`),
 //! the bounded FailureBrief and `run_summary.json`, and the
-//! check that a local output directory lies outside the product repository.
+//! check that a local output directory lies outside the product repository. SWE-bench
+//! instances become work orders (`swe.rs`) accepted by named tests (`named_tests.rs`); the
+//! paths a patch names are read without git (`patch_paths.rs`).
 
 mod brief;
 mod identity;
+mod named_tests;
 mod out_dir;
+mod patch_paths;
 mod summary;
+mod swe;
 mod work_order;
 
 pub use brief::strip_host_paths;
@@ -15,8 +20,14 @@ pub use brief::{
     EXCERPT_LINES, FAILURE_BRIEF_FUNCTION,
 };
 pub use identity::{factory_run_id, valid_run_id, RunIdentity};
+pub use named_tests::{
+    check_node_id, judge_named, junit_id, node_file, ListJudgement, NamedJudgement, NamedTests,
+    NamedTestsError, NotPassing, MAX_NAMED_TESTS,
+};
 pub use out_dir::{check_out_dir, resolve_below, OutDirError};
+pub use patch_paths::{patch_files, patch_paths, PatchError, PatchFile};
 pub use summary::{summarize, AttemptRecord, CmdResult, RunSummary};
+pub use swe::{is_swe_line, mirror_folder, swe_item, valid_mirror_name, SweError, SweItem};
 pub use work_order::{
     config_hash, prepare, tree_hash, FactoryMeta, FactoryOptions, Stage, WorkOrder, WorkOrderError,
     MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES, TREE_EXCLUDED_DIRS,

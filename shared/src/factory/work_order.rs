@@ -1,4 +1,5 @@
 use super::identity::{factory_run_id, RunIdentity};
+use super::named_tests::NamedTests;
 use crate::hashing::{canonical_hash, sha256_hex};
 use crate::paths::normalize_relative;
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,10 @@ pub struct WorkOrder {
     pub context_files: Vec<String>,
     #[serde(default)]
     pub notes: Option<String>,
+    /// Acceptance by named tests (SWE-bench items): the harness applies their test patch after
+    /// the agent's patch and judges each named test; `acceptance_commands` may then be empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tests: Option<NamedTests>,
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -72,7 +77,9 @@ impl WorkOrder {
     }
 
     /// The seed's rules: relative paths without drive letters or `..`, non-empty acceptance
-    /// commands, at most 10 context files, all of them allowed.
+    /// commands (unless the order names its tests), at most 10 context files, all of them
+    /// allowed; named tests well-formed and out of the write scope's reach
+    /// ([`NamedTests::check`]).
     pub fn validate(&self) -> Result<(), WorkOrderError> {
         for (name, paths) in [
             ("allowed_files", &self.allowed_files),
@@ -82,7 +89,11 @@ impl WorkOrder {
                 normalize_relative(p).map_err(|e| field(&format!("{name}[{i}]"), e.to_string()))?;
             }
         }
-        if self.acceptance_commands.is_empty() {
+        if let Some(tests) = &self.tests {
+            tests
+                .check(&self.allowed_files)
+                .map_err(|e| field(&format!("tests.{}", e.field), e.message))?;
+        } else if self.acceptance_commands.is_empty() {
             return Err(field("acceptance_commands", "must not be empty"));
         }
         for (i, c) in self.acceptance_commands.iter().enumerate() {

@@ -136,14 +136,12 @@ impl Runner {
                         .await?
                     }
                     HarnessOp::FactoryVerify => {
-                        let session = session.expect("verification runs in a container");
-                        harness::factory_verify(
-                            &spec.params,
-                            wt.ok_or_else(no_worktree)?,
-                            session,
-                            art,
-                        )
-                        .await?
+                        let place = verify::RunPlace {
+                            session: session.expect("verification runs in a container"),
+                            wt: wt.ok_or_else(no_worktree)?,
+                            harness_dir: &harness_dir,
+                        };
+                        harness::factory_verify(&spec.params, &place, &seed, art).await?
                     }
                     HarnessOp::RunTests => {
                         let place = verify::RunPlace {

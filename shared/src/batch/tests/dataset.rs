@@ -231,3 +231,86 @@ proptest! {
         }
     }
 }
+
+/// A SWE-bench instance as the published files write it (lists as JSON-encoded strings, extra
+/// fields), with the fleet's own `script`.
+fn swe_line(id: &str) -> Value {
+    json!({
+        "instance_id": id, "repo": "pypi/toolz", "base_commit": "0123456789abcdef0123456789abcdef01234567",
+        "problem_statement": "accumulate drops a falsy initial value\n\nDetails.",
+        "patch": "diff --git a/toolz/itertoolz.py b/toolz/itertoolz.py\n--- a/toolz/itertoolz.py\n+++ b/toolz/itertoolz.py\n@@ -1 +1 @@\n-a\n+b\n",
+        "test_patch": "diff --git a/toolz/tests/test_itertoolz.py b/toolz/tests/test_itertoolz.py\n--- a/toolz/tests/test_itertoolz.py\n+++ b/toolz/tests/test_itertoolz.py\n@@ -1 +1,2 @@\n a\n+b\n",
+        "FAIL_TO_PASS": "[\"toolz/tests/test_itertoolz.py::test_new[int]\"]",
+        "PASS_TO_PASS": "[\"toolz/tests/test_itertoolz.py::test_old\"]",
+        "hints_text": "", "version": "1.2.0", "created_at": "2026-01-01T00:00:00+00:00",
+        "environment_setup_commit": "0123456789abcdef0123456789abcdef01234567",
+        "script": {"se": [{"output": {"unified_diff": "", "summary": "s"}}]},
+    })
+}
+
+#[test]
+fn swe_bench_lines_become_factory_items_read_from_the_mirror() {
+    let jsonl = format!(
+        "{}\n{{\"id\": \"native\", \"repo\": \"/r\"}}\n",
+        swe_line("pypi__toolz-1")
+    );
+    let items = parse_dataset(&jsonl).unwrap();
+    let swe = &items[0];
+    assert_eq!(swe.id, "pypi__toolz-1");
+    assert_eq!(swe.repo, "pypi/toolz");
+    assert!(swe.mirror);
+    assert!(!items[1].mirror);
+    assert_eq!(
+        swe.git_ref.as_deref(),
+        Some("0123456789abcdef0123456789abcdef01234567")
+    );
+    assert!(swe.input.is_none());
+    let wo = swe.work_order.as_ref().unwrap();
+    assert_eq!(wo["allowed_files"], json!(["toolz/itertoolz.py"]));
+    assert_eq!(wo["acceptance_commands"], json!([]));
+    assert_eq!(
+        wo["tests"]["fail_to_pass"],
+        json!(["toolz/tests/test_itertoolz.py::test_new[int]"])
+    );
+    assert_eq!(swe.script, Some(swe_line("x")["script"].clone()));
+    // Written back (a rerun writes its items so), the line reads as the same item.
+    let written = serde_json::to_string(swe).unwrap();
+    assert_eq!(&parse_dataset(&written).unwrap()[0], swe);
+    assert!(!serde_json::to_string(&items[1]).unwrap().contains("mirror"));
+}
+
+#[test]
+fn a_bad_swe_bench_line_is_refused_naming_its_line_and_field() {
+    let ok = swe_line("a");
+    let mut bad = swe_line("b");
+    bad["FAIL_TO_PASS"] = json!("[\"test_x (tests.Case)\"]");
+    let text = err(&format!("{ok}\n{bad}\n")).to_string();
+    assert!(
+        text.starts_with("line 2: SWE-bench instance \"b\": `FAIL_TO_PASS[0]`:"),
+        "{text}"
+    );
+    assert!(text.contains("not a pytest node id"), "{text}");
+    let mut bad = swe_line("c");
+    bad["repo"] = json!("/abs/path");
+    let text = err(&bad.to_string()).to_string();
+    assert!(
+        text.contains("`repo`") && text.contains("owner/name"),
+        "{text}"
+    );
+    // Its id is checked like any other.
+    assert_eq!(
+        err(&swe_line("a b").to_string()),
+        DatasetError::BadId {
+            line: 1,
+            id: "a b".into()
+        }
+    );
+    // A native item may read from the mirror only by `owner/name`.
+    assert_eq!(
+        err("{\"id\": \"n\", \"repo\": \"/x/y\", \"mirror\": true}"),
+        DatasetError::BadMirrorName {
+            line: 1,
+            repo: "/x/y".into()
+        }
+    );
+}
