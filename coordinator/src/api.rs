@@ -50,7 +50,7 @@ pub struct Route {
     serve: MethodRouter<Arc<Coordinator>>,
 }
 
-fn at<H, T>(verb: Verb, path: &'static str, handler: H) -> Route
+pub(crate) fn at<H, T>(verb: Verb, path: &'static str, handler: H) -> Route
 where
     H: Handler<T, Arc<Coordinator>>,
     T: 'static,
@@ -62,7 +62,7 @@ where
 /// Every route of the API, in one place: `router` serves exactly these.
 pub fn routes() -> Vec<Route> {
     use Verb::{Get, Post};
-    vec![
+    crate::schedules::api::and_schedule_routes(vec![
         at(Get, "/healthz", healthz),
         at(Get, "/metrics", metrics),
         at(Get, "/v1/openapi.json", openapi),
@@ -90,7 +90,7 @@ pub fn routes() -> Vec<Route> {
             batches::compare_batches,
         ),
         at(Get, "/v1/batches/:id/html", batches::batch_html),
-    ]
+    ])
 }
 
 pub fn router(coord: Arc<Coordinator>) -> Router {

@@ -9,5 +9,6 @@ pub mod driver;
 pub mod embedded;
 pub mod metrics;
 pub mod openapi;
+pub mod schedules;
 pub mod store;
 pub mod submit;

@@ -1,5 +1,6 @@
 //! The API's OpenAPI document, generated from the handlers' `#[utoipa::path]` attributes and the
-//! body types (`shared::http`, `SubmitRequest`), served at `GET /v1/openapi.json`.
+//! body types (`shared::http`, `SubmitRequest`, batches', schedules'), served at
+//! `GET /v1/openapi.json`.
 
 use crate::api;
 use shared::http;
@@ -40,6 +41,12 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::batches::api::rerun_batch,
         crate::batches::api::compare_batches,
         crate::batches::api::batch_html,
+        crate::schedules::api::create_schedule,
+        crate::schedules::api::list_schedules,
+        crate::schedules::api::show_schedule,
+        crate::schedules::api::run_schedule,
+        crate::schedules::api::delete_schedule,
+        crate::schedules::api::schedule_report,
     ),
     components(schemas(
         http::ErrorBody,
@@ -59,6 +66,20 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::batches::api::BatchListing,
         crate::batches::api::RerunBody,
         crate::batches::api::RerunWhich,
+        crate::schedules::ScheduleRequest,
+        crate::schedules::WebhookRequest,
+        crate::schedules::ScheduleAdded,
+        crate::schedules::Fired,
+        crate::schedules::api::ScheduleListing,
+        crate::schedules::api::ScheduleView,
+        crate::schedules::api::WebhookView,
+        crate::schedules::api::Removed,
+        shared::schedule::Firing,
+        shared::schedule::FiringKind,
+        shared::schedule::FiringStage,
+        shared::schedule::Delivery,
+        shared::schedule::DeliveryAttempt,
+        shared::schedule::DeliveryState,
     )),
     modifiers(&ChosenRunId)
 )]
@@ -195,6 +216,11 @@ mod tests {
             "Usage",
             "ApprovalState",
             "AgentConfig",
+            "ScheduleRequest",
+            "WebhookRequest",
+            "ScheduleView",
+            "Firing",
+            "DeliveryAttempt",
         ] {
             assert!(schemas.contains_key(body), "no schema `{body}`");
         }

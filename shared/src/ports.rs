@@ -9,6 +9,7 @@ use crate::batch::BatchState;
 use crate::engine::RunState;
 use crate::ids::{BatchId, RunId};
 use crate::messages::JobEnvelope;
+use crate::schedule::{ScheduleDef, ScheduleState};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -55,9 +56,38 @@ pub trait BatchStore: Send + Sync {
     async fn active_batches(&self) -> Result<Vec<BatchId>, PortError>;
 }
 
-/// Run state with versioned, atomic transitions and an outbox; batches beside them.
+/// Schedules, by name: a definition written once when added, and a state written by
+/// compare-and-set (the claims of ticks and of delivery attempts). A schedule removed and
+/// added again under its name is another one: a write meant for the first (its state's `uid`)
+/// never lands on the second.
 #[async_trait]
-pub trait RunStore: BatchStore + Send + Sync {
+pub trait ScheduleStore: Send + Sync {
+    /// Adds the schedule (its definition and first state) if no schedule has its name; false
+    /// when one has.
+    async fn add_schedule(
+        &self,
+        def: &ScheduleDef,
+        state: &ScheduleState,
+    ) -> Result<bool, PortError>;
+    async fn schedule_def(&self, name: &str) -> Result<Option<ScheduleDef>, PortError>;
+    async fn schedule_state(&self, name: &str) -> Result<Option<(ScheduleState, u64)>, PortError>;
+    /// Writes `state` if the stored one is still at `version` and of the same schedule
+    /// (`uid`); a conflict otherwise, also when the schedule is gone.
+    async fn commit_schedule(
+        &self,
+        state: &ScheduleState,
+        version: u64,
+    ) -> Result<CasOutcome, PortError>;
+    /// Forgets the schedule; false when there was none.
+    async fn remove_schedule(&self, name: &str) -> Result<bool, PortError>;
+    /// Every schedule's name, sorted.
+    async fn list_schedules(&self) -> Result<Vec<String>, PortError>;
+}
+
+/// Run state with versioned, atomic transitions and an outbox; batches and schedules beside
+/// them.
+#[async_trait]
+pub trait RunStore: BatchStore + ScheduleStore + Send + Sync {
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError>;

@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use shared::batch::BatchState;
 use shared::engine::RunState;
 use shared::ids::{BatchId, RunId};
-use shared::ports::{BatchStore, CasOutcome, OutboxMessage, PortError, RunStore};
+use shared::ports::{BatchStore, CasOutcome, OutboxMessage, PortError, RunStore, ScheduleStore};
+use shared::schedule::{ScheduleDef, ScheduleState};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -55,6 +56,8 @@ struct Inner {
     /// State and version per batch, and the ids in creation order.
     batches: BTreeMap<BatchId, (BatchState, u64)>,
     batch_order: Vec<BatchId>,
+    /// Definition, state and version per schedule name.
+    schedules: BTreeMap<String, (ScheduleDef, ScheduleState, u64)>,
 }
 
 fn encode(m: &OutboxMessage) -> String {
@@ -104,6 +107,59 @@ impl BatchStore for MemoryRunStore {
             .filter(|id| g.batches.get(*id).is_some_and(|(s, _)| !s.is_finished()))
             .cloned()
             .collect())
+    }
+}
+
+#[async_trait]
+impl ScheduleStore for MemoryRunStore {
+    async fn add_schedule(
+        &self,
+        def: &ScheduleDef,
+        state: &ScheduleState,
+    ) -> Result<bool, PortError> {
+        let mut g = self.lock();
+        if g.schedules.contains_key(&def.name) {
+            return Ok(false);
+        }
+        g.schedules
+            .insert(def.name.clone(), (def.clone(), state.clone(), 1));
+        Ok(true)
+    }
+
+    async fn schedule_def(&self, name: &str) -> Result<Option<ScheduleDef>, PortError> {
+        Ok(self.lock().schedules.get(name).map(|(d, _, _)| d.clone()))
+    }
+
+    async fn schedule_state(&self, name: &str) -> Result<Option<(ScheduleState, u64)>, PortError> {
+        Ok(self
+            .lock()
+            .schedules
+            .get(name)
+            .map(|(_, s, v)| (s.clone(), *v)))
+    }
+
+    async fn commit_schedule(
+        &self,
+        state: &ScheduleState,
+        version: u64,
+    ) -> Result<CasOutcome, PortError> {
+        let mut g = self.lock();
+        match g.schedules.get_mut(&state.name) {
+            Some((_, s, v)) if *v == version && s.uid == state.uid => {
+                *s = state.clone();
+                *v += 1;
+                Ok(CasOutcome::Committed)
+            }
+            _ => Ok(CasOutcome::Conflict),
+        }
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool, PortError> {
+        Ok(self.lock().schedules.remove(name).is_some())
+    }
+
+    async fn list_schedules(&self) -> Result<Vec<String>, PortError> {
+        Ok(self.lock().schedules.keys().cloned().collect())
     }
 }
 

@@ -6,3 +6,4 @@ pub mod conformance;
 pub mod memory;
 pub mod redis;
 mod redis_batches;
+mod redis_schedules;

@@ -1,0 +1,236 @@
+//! `fleet schedule`: add a schedule (a batch fired on a cron expression, its report sent to a
+//! webhook), list, show (with each firing's delivery log), remove, run now.
+//!
+//! The webhook's secret is read from the environment variable `--webhook-secret-env` names,
+//! here on the client: it never appears on a command line (where `ps` shows it) and is sent
+//! once, with the schedule.
+
+use super::args::ServerArg;
+use super::graph_tools::load_graph;
+use super::{Client, Out};
+use crate::schedules::{ScheduleRequest, WebhookRequest};
+use anyhow::{anyhow, Context};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use shared::batch::BatchSpec;
+use shared::messages::{AgentConfig, ScriptStep};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum ScheduleCmd {
+    /// Add a schedule: the dataset (read now, kept as it is) run as a batch on each tick.
+    Add(ScheduleAddArgs),
+    /// List schedules: cron, next tick, last firing and its delivery.
+    List(ServerArg),
+    /// Show a schedule and its firings, with each delivery's attempts (JSON).
+    Show(ScheduleRef),
+    /// Remove a schedule (batches it fired go on).
+    Remove(ScheduleRef),
+    /// Fire a schedule now, as a batch of its own; prints the batch id.
+    RunNow(ScheduleRef),
+}
+
+#[derive(Args)]
+pub struct ScheduleRef {
+    pub name: String,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args)]
+pub struct ScheduleAddArgs {
+    /// 1 to 64 of `[A-Za-z0-9_.-]`, starting with a letter or digit.
+    pub name: String,
+    /// 5 fields (`0 2 * * *`: 02:00 UTC daily), or 6 with seconds first (`*/30 * * * * *`).
+    #[arg(long)]
+    pub cron: String,
+    /// The dataset (JSONL, as for `fleet batch submit`); relative repo paths are read from
+    /// its folder.
+    #[arg(long)]
+    pub dataset: PathBuf,
+    #[arg(long, default_value = "graphs/factory/graph.yaml")]
+    pub graph: PathBuf,
+    /// Scripted agent of items without a script of their own: JSON {node: [steps]}.
+    #[arg(long)]
+    pub script: Option<PathBuf>,
+    /// Runs per item.
+    #[arg(long, default_value_t = 1)]
+    pub trials: u32,
+    /// Runs of each fired batch at once.
+    #[arg(long, default_value_t = 8)]
+    pub max_running: u32,
+    /// New runs of an item after infrastructure errors.
+    #[arg(long, default_value_t = 2)]
+    pub max_infra_retries: u32,
+    /// Labels of every fired batch, `key=value` (repeatable; `schedule` and `scheduled_for`
+    /// are set by the schedule).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// Factory graphs: attempts per item.
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// Where each finished firing's report is POSTed (http or https).
+    #[arg(long, requires = "webhook_secret_env")]
+    pub webhook: Option<String>,
+    /// The environment variable holding the webhook's HMAC key (16 bytes at least).
+    #[arg(long, requires = "webhook")]
+    pub webhook_secret_env: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+/// The dataset with relative repo paths made absolute against the dataset's folder.
+fn read_dataset(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the dataset `{}`", path.display()))?;
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let base = folder.canonicalize()?;
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut item: Value = serde_json::from_str(line)
+            .map_err(|e| anyhow!("{}:{}: not JSON: {e}", path.display(), i + 1))?;
+        if let Some(repo) = item.get("repo").and_then(Value::as_str) {
+            if Path::new(repo).is_relative() {
+                item["repo"] = json!(base.join(repo).display().to_string());
+            }
+        }
+        out.push_str(&serde_json::to_string(&item)?);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+impl ScheduleAddArgs {
+    fn request(&self) -> anyhow::Result<ScheduleRequest> {
+        let agent = match &self.script {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read the script `{}`", p.display()))?;
+                let script: BTreeMap<String, Vec<ScriptStep>> = serde_json::from_str(&text)
+                    .map_err(|e| anyhow!("script `{}` is malformed: {e}", p.display()))?;
+                AgentConfig::Scripted { script }
+            }
+            None => AgentConfig::default(),
+        };
+        let mut labels = BTreeMap::new();
+        for l in &self.labels {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| anyhow!("label `{l}`: write key=value"))?;
+            labels.insert(k.to_string(), v.to_string());
+        }
+        // Read as the API reads it, so fields a spec gains later take their defaults.
+        let spec: BatchSpec = serde_json::from_value(json!({
+            "trials": self.trials,
+            "max_running": self.max_running,
+            "max_infra_retries": self.max_infra_retries,
+            "labels": labels,
+        }))?;
+        let webhook = match (&self.webhook, &self.webhook_secret_env) {
+            (Some(url), Some(var)) => {
+                let secret = std::env::var(var)
+                    .ok()
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| {
+                        anyhow!("--webhook-secret-env {var}: the variable is not set (or empty)")
+                    })?;
+                Some(WebhookRequest {
+                    url: url.clone(),
+                    secret,
+                })
+            }
+            _ => None,
+        };
+        Ok(ScheduleRequest {
+            name: self.name.clone(),
+            cron: self.cron.clone(),
+            graph: load_graph(&self.graph)?,
+            dataset: read_dataset(&self.dataset)?,
+            agent,
+            options: match self.max_attempts {
+                Some(n) => json!({"max_attempts": n}),
+                None => json!({}),
+            },
+            spec,
+            webhook,
+        })
+    }
+}
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("-")
+}
+
+pub async fn run(cmd: ScheduleCmd, out: &mut Out) -> anyhow::Result<i32> {
+    match cmd {
+        ScheduleCmd::Add(a) => {
+            let req = a.request()?;
+            let v: Value = Client::new(&a.server.server)
+                .post("/v1/schedules", &req)
+                .await?;
+            out.line(format!(
+                "schedule {} added (dataset sha256 {}); next firing at {}",
+                text(&v, "name"),
+                text(&v, "dataset_sha256"),
+                text(&v, "next_fire_at")
+            ))?;
+            Ok(0)
+        }
+        ScheduleCmd::List(s) => {
+            let list: Value = Client::new(&s.server).get("/v1/schedules").await?;
+            for v in list.as_array().into_iter().flatten() {
+                let hook = match &v["webhook"] {
+                    Value::Null => "no webhook".to_string(),
+                    h => format!(
+                        "webhook {} ({})",
+                        text(h, "url"),
+                        v["last_delivery"].as_str().unwrap_or("nothing sent")
+                    ),
+                };
+                out.line(format!(
+                    "{}  {:<16} {:<10} next {}  last {}  {hook}",
+                    text(v, "name"),
+                    text(v, "cron"),
+                    text(v, "graph"),
+                    text(v, "next_fire_at"),
+                    text(v, "last_batch_id"),
+                ))?;
+            }
+            Ok(0)
+        }
+        ScheduleCmd::Show(r) => {
+            shared::schedule::check_name(&r.name)?;
+            let v: Value = Client::new(&r.server.server)
+                .get(&format!("/v1/schedules/{}", r.name))
+                .await?;
+            out.line(serde_json::to_string_pretty(&v)?)?;
+            Ok(0)
+        }
+        ScheduleCmd::Remove(r) => {
+            shared::schedule::check_name(&r.name)?;
+            let _: Value = Client::new(&r.server.server)
+                .post(&format!("/v1/schedules/{}/remove", r.name), &json!({}))
+                .await?;
+            out.line(format!("schedule {} removed", r.name))?;
+            Ok(0)
+        }
+        ScheduleCmd::RunNow(r) => {
+            shared::schedule::check_name(&r.name)?;
+            let v: Value = Client::new(&r.server.server)
+                .post(&format!("/v1/schedules/{}/run", r.name), &json!({}))
+                .await?;
+            let id = v["batch_id"]
+                .as_str()
+                .ok_or_else(|| anyhow!("the coordinator answered without a batch id: {v}"))?;
+            out.line(id)?;
+            Ok(0)
+        }
+    }
+}
