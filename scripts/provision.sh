@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Provisions everything the integration tests need on a fresh Debian machine.
 # Safe to run twice: every step checks before it acts.
-#   RabbitMQ and Redis from Debian's packages, an S3-compatible server (moto_server from PyPI),
+#   RabbitMQ, Redis and headless Chromium from Debian's packages, an S3-compatible server (moto_server from PyPI),
 #   and the agent image built locally with debootstrap (there is no registry).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,6 +18,8 @@ command -v rabbitmq-server >/dev/null || need_pkgs+=(rabbitmq-server)
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v git >/dev/null || need_pkgs+=(git)
+# headless Chromium opens the HTML batch report in the tests (and shoots a screenshot)
+command -v chromium >/dev/null || need_pkgs+=(chromium)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,8 +1,10 @@
 //! Batches on the real stack: a dataset of factory items (a gold patch, a wrong one, one out of
 //! scope, one whose repository does not exist) gives the expected verdict for each item, the
 //! infrastructure error is never a verdict, the JSON and JUnit reports say so, and the batch
-//! goes on when its coordinator is killed and another takes over.
+//! goes on, every item exactly once, when its coordinator and a worker are killed; the HTML report opened in
+//! headless Chromium; a small batch submitted after a big one gets its fair share at once.
 
+use fleet_tests::browser;
 use fleet_tests::stack::{example, make_calc_repo, Stack};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -88,6 +90,9 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stack.restart_coordinator().await?;
+    // And a worker dies too: its jobs go back to the queue and the other worker takes them.
+    let victim = stack.worker_ids()[0].clone();
+    stack.kill_worker(&victim)?;
 
     let v = wait_batch(&stack, &id, Duration::from_secs(300)).await?;
     let c = &v["counts"];
@@ -102,6 +107,16 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
         "{v}"
     );
     assert_eq!(v["batch"]["spec"]["labels"]["suite"], "calc");
+    // Every item exactly once: one settled run each, distinct, and only the missing repository
+    // took a second attempt.
+    let items = v["batch"]["items"].as_array().cloned().unwrap_or_default();
+    let runs: std::collections::BTreeSet<&str> =
+        items.iter().filter_map(|i| i["run_id"].as_str()).collect();
+    assert_eq!(runs.len(), 4, "{v}");
+    for i in &items {
+        let expected = if i["item_id"] == "norepo" { 2 } else { 1 };
+        assert_eq!(i["attempt"], expected, "{i}");
+    }
 
     // The reports, through the CLI.
     let out_dir = stack.dir.path().join("report");
@@ -154,6 +169,24 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
     assert!(html.contains("pass rate 33.3% (1 / 3 judged)"), "{html}");
     assert_eq!(html.matches("<svg").count(), 2, "{html}");
     assert!(!html.contains("https://"), "{html}");
+    // The page in a real browser: its script sorts the table by the linked column (item,
+    // descending), and the summary shows the pass rate; a screenshot is kept.
+    let url = browser::file_url(&out_dir.join("report.html"), "#sort=-item")?;
+    let dom = browser::dom(&url)?;
+    assert!(dom.contains("pass rate 33.3% (1 / 3 judged)"), "{dom}");
+    let order: Vec<usize> = ["wrong", "scope", "norepo", "gold"]
+        .iter()
+        .map(|id| {
+            dom.find(&format!("<tr class=\"item\"><td data-v=\"{id}\">"))
+                .unwrap_or(usize::MAX)
+        })
+        .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]) && order[3] != usize::MAX,
+        "rows not sorted by item, descending: {order:?}"
+    );
+    assert!(dom.contains("aria-sort=\"descending\""), "{dom}");
+    browser::screenshot(&url, "batch-report", 1400)?;
 
     // Listed, and `wait` on a finished batch with an errored item exits 1.
     let list = stack.cli(&["batch", "list"])?;
@@ -161,7 +194,8 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
     let wait = stack.cli(&["batch", "wait", &id])?;
     assert_eq!(wait.code, 1, "{}", wait.stdout);
     assert!(
-        wait.stdout.contains("passed 1, failed 2, errored 1"),
+        wait.stdout
+            .contains("passed 1, failed 2, flaky 0, errored 1"),
         "{}",
         wait.stdout
     );
@@ -211,5 +245,97 @@ async fn a_bad_dataset_is_refused_naming_its_line_and_nothing_runs() -> anyhow::
     assert!(out.stderr.contains("line 2"), "{}", out.stderr);
     let list = stack.get("/v1/batches").await?;
     assert_eq!(list, json!([]), "nothing was created");
+    Ok(())
+}
+
+/// A dataset of `n` gold items named `<prefix><i>`.
+fn gold_dataset(dir: &Path, repo: &str, prefix: &str, n: usize) -> anyhow::Result<String> {
+    let order = read_json(&example("factory-calc/work_order.json"))?;
+    let script = read_json(&example("factory-calc/script-pass.json"))?;
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            json!({"id": format!("{prefix}{i}"), "repo": repo, "work_order": order, "script": script})
+                .to_string()
+        })
+        .collect();
+    let path = dir.join(format!("{prefix}.jsonl"));
+    std::fs::write(&path, lines.join("\n") + "\n")?;
+    Ok(path.display().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_batch_submitted_after_a_big_one_gets_its_fair_share_at_once() -> anyhow::Result<()>
+{
+    // Two batch slots for the whole fleet; the big batch alone would take both (and, without
+    // sharing, all twelve of its runs at once: the small batch's jobs would queue behind them).
+    let stack = Stack::start_config(fleet_tests::stack::StackConfig {
+        tag: "batchfair",
+        workers: 1,
+        coordinator_env: &[("FLEET_BATCH_SLOTS", "2")],
+        ..Default::default()
+    })
+    .await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let big = gold_dataset(stack.dir.path(), &repo, "big", 12)?;
+    let small = gold_dataset(stack.dir.path(), &repo, "small", 2)?;
+    let submit = |path: &str| -> anyhow::Result<String> {
+        let out = stack.cli(&["batch", "submit", path, "--max-running", "12"])?;
+        anyhow::ensure!(out.code == 0, "batch submit failed: {}", out.stderr);
+        Ok(out.stdout.trim().to_string())
+    };
+    let big_id = submit(&big)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = stack.get(&format!("/v1/batches/{big_id}")).await?;
+        if v["counts"]["running"].as_u64() == Some(2) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the big batch never started: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let small_id = submit(&small)?;
+
+    // Until the small batch ends: never more than the two slots under way over both batches.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let (big_left, most_running) = {
+        let mut most = 0;
+        loop {
+            let s = stack.get(&format!("/v1/batches/{small_id}")).await?;
+            let b = stack.get(&format!("/v1/batches/{big_id}")).await?;
+            let running = s["counts"]["running"].as_u64().unwrap_or(0)
+                + b["counts"]["running"].as_u64().unwrap_or(0);
+            most = most.max(running);
+            if s["batch"]["finished_at"].is_string() {
+                let left = b["counts"]["queued"].as_u64().unwrap_or(0)
+                    + b["counts"]["running"].as_u64().unwrap_or(0);
+                break (left, most);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the small batch never ended: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert!(
+        most_running <= 2,
+        "{most_running} runs under way over 2 slots"
+    );
+    // The small batch had one slot from the start: it ended while most of the big one waited.
+    assert!(
+        big_left >= 6,
+        "the small batch ended only when the big one had {big_left} of 12 items left"
+    );
+    let s = wait_batch(&stack, &small_id, Duration::from_secs(10)).await?;
+    assert_eq!(s["counts"]["passed"], 2, "{s}");
+    assert_eq!(s["progress"]["pass_rate"], 1.0, "{s}");
+    let b = wait_batch(&stack, &big_id, Duration::from_secs(300)).await?;
+    assert_eq!(b["counts"]["passed"], 12, "{b}");
+    assert!(b["progress"]["eta_seconds"].is_null(), "{b}");
+    // The big batch's weight makes no difference to the verdicts, only to its share.
+    assert_eq!(b["batch"]["spec"]["weight"], 1, "{b}");
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Support for the integration tests: the process harness for the real stack and the fake LLM
-//! server that speaks the real wire formats.
+//! server that speaks the real wire formats, headless Chromium for pages.
 
+pub mod browser;
 pub mod fake_llm;
 pub mod private_redis;
 pub mod stack;

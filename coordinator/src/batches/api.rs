@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use shared::batch::{BatchCounts, BatchState};
+use shared::batch::{progress, BatchCounts, BatchState, Progress};
 use shared::ids::BatchId;
 use shared::ports::CasOutcome;
 use std::sync::Arc;
@@ -21,14 +21,17 @@ use std::sync::Arc;
 pub struct BatchView {
     #[schema(value_type = Object)]
     pub counts: BatchCounts,
+    /// Done, running, queued, the pass rate and cost so far, the ETA at the pace so far.
+    pub progress: Progress,
     #[schema(value_type = Object)]
     pub batch: BatchState,
 }
 
 impl BatchView {
-    fn of(batch: BatchState) -> Json<Self> {
+    fn of(c: &Coordinator, batch: BatchState) -> Json<Self> {
         Json(BatchView {
             counts: batch.counts(),
+            progress: progress(&batch, c.clock.now()),
             batch,
         })
     }
@@ -116,7 +119,7 @@ pub async fn batch_status(
     Path(id): Path<String>,
 ) -> Result<Json<BatchView>, ApiError> {
     let (batch, _) = load(&c, &id).await?;
-    Ok(BatchView::of(batch))
+    Ok(BatchView::of(&c, batch))
 }
 
 /// Cancels a batch: queued items never start, running runs are cancelled.
@@ -132,7 +135,7 @@ pub async fn cancel_batch(
     loop {
         let (mut batch, version) = load(&c, &id).await?;
         if batch.cancelled || batch.is_finished() {
-            return Ok(BatchView::of(batch));
+            return Ok(BatchView::of(&c, batch));
         }
         batch.cancel(c.clock.now());
         let outcome = c
@@ -141,7 +144,7 @@ pub async fn cancel_batch(
             .await
             .map_err(DriverError::from)?;
         if outcome == CasOutcome::Committed {
-            return Ok(BatchView::of(batch));
+            return Ok(BatchView::of(&c, batch));
         }
     }
 }
@@ -210,6 +213,8 @@ pub enum RerunWhich {
     Errored,
     /// Every item that did not pass (failed, errored, cancelled).
     NotPassed,
+    /// Every item (a nightly rerun: with the step cache, only what changed runs again).
+    All,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -245,6 +250,7 @@ pub async fn rerun_batch(
             RerunWhich::Failed => i.state == ItemState::Failed,
             RerunWhich::Errored => i.state == ItemState::Errored,
             RerunWhich::NotPassed => i.state.is_settled() && i.state != ItemState::Passed,
+            RerunWhich::All => true,
         })
         .map(|i| i.item_id.as_str())
         .collect();

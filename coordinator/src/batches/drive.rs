@@ -1,13 +1,14 @@
 //! Every coordinator drives every unfinished batch: each tick it reads the runs of the batch's
 //! running items (a finished run settles its item: a verdict, or an infrastructure error that
-//! queues the item again as a new attempt), starts queued items up to `max_running`, and
-//! writes the batch by compare-and-set. Starting is idempotent (the run id is the batch's
+//! queues the item again as a new attempt), then, once every batch has settled, starts queued
+//! items up to `max_running` and the batch's fair share of the fleet's free batch slots
+//! (`shared::batch::share`), writing each batch by compare-and-set. Starting is idempotent (the run id is the batch's
 //! choice), so a tick that loses the race to another coordinator changes nothing twice.
 
 use super::{item_request, request_key, state_key, BatchRequest};
 use crate::driver::{Coordinator, DriverError};
 use shared::batch::DatasetItem;
-use shared::batch::{outcome_of, BatchState, ItemOutcome, ItemState};
+use shared::batch::{outcome_of, starts, BatchState, Demand, ItemOutcome, ItemState};
 use shared::engine::RunStatus;
 use shared::ids::BatchId;
 use shared::ports::CasOutcome;
@@ -17,7 +18,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// How often a coordinator looks at the unfinished batches.
+/// How often a coordinator looks at the unfinished batches when no run of its own finished
+/// (a run finishing here wakes it at once: `Coordinator::batch_wake`).
 const TICK: Duration = Duration::from_millis(500);
 
 /// Compare-and-set attempts of one batch per tick.
@@ -55,6 +57,8 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(TICK) => {}
+            // A run finished on this coordinator: its slot may be free now.
+            _ = coord.batch_wake.notified() => {}
         }
         let active = match coord.store.active_batches().await {
             Ok(a) => a,
@@ -64,6 +68,8 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
             }
         };
         requests.retain(|id, _| active.contains(id));
+        // First every batch settles its ended runs, so the slots they held are seen free...
+        let mut settled = Vec::with_capacity(active.len());
         for id in active {
             let loaded = match requests.get(&id) {
                 Some(l) => l.clone(),
@@ -79,25 +85,62 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
                     }
                 },
             };
-            if let Err(e) = tick(&coord, &id, &loaded).await {
-                warn!(batch = %id, error = %e, "batch tick failed; retrying next tick");
+            match tick(&coord, &id, &loaded, 0).await {
+                Ok(Some(state)) => settled.push((state, loaded)),
+                Ok(None) => {}
+                Err(e) => warn!(batch = %id, error = %e, "batch tick failed; retrying next tick"),
+            }
+        }
+        // ...then each starts what its fair share lets it into the free slots, oldest first
+        // on ties.
+        settled.sort_by(|(a, _), (b, _)| {
+            (a.created_at, &a.batch_id).cmp(&(b.created_at, &b.batch_id))
+        });
+        let starts = starts_now(coord.batch_slots, &settled);
+        for ((state, loaded), n) in settled.into_iter().zip(starts) {
+            if n == 0 {
+                continue;
+            }
+            if let Err(e) = tick(&coord, &state.batch_id, &loaded, n).await {
+                warn!(batch = %state.batch_id, error = %e, "batch tick failed; retrying next tick");
             }
         }
     }
 }
 
-/// One step of one batch, committed by compare-and-set (retried on a conflict).
-pub(super) async fn tick(
+/// How many runs each batch may start now: its fair share of the fleet's batch slots, into
+/// free slots only (`shared::batch::share`).
+fn starts_now(slots: usize, batches: &[(BatchState, Arc<Loaded>)]) -> Vec<usize> {
+    let demands: Vec<Demand> = batches
+        .iter()
+        .map(|(state, _)| {
+            let c = state.counts();
+            Demand {
+                weight: state.spec.weight,
+                running: c.running,
+                queued: if state.cancelled { 0 } else { c.queued },
+                cap: state.spec.max_running as usize,
+            }
+        })
+        .collect();
+    starts(slots, &demands)
+}
+
+/// One step of one batch, committed by compare-and-set (retried on a conflict): its ended
+/// runs settled, and at most `max_new` queued items started. The batch as it stands after
+/// (none when it is gone).
+async fn tick(
     coord: &Coordinator,
     id: &BatchId,
     loaded: &Loaded,
-) -> Result<(), DriverError> {
+    max_new: usize,
+) -> Result<Option<BatchState>, DriverError> {
     for _ in 0..CAS_TRIES {
         let Some((mut state, version)) = coord.store.load_batch(id).await? else {
-            return Ok(());
+            return Ok(None);
         };
-        if !advance(coord, &mut state, loaded).await? {
-            return Ok(());
+        if !advance(coord, &mut state, loaded, max_new).await? {
+            return Ok(Some(state));
         }
         match coord.store.commit_batch(&state, version).await? {
             CasOutcome::Committed => {
@@ -108,12 +151,13 @@ pub(super) async fn tick(
                     let c = state.counts();
                     info!(batch = %id, passed = c.passed, failed = c.failed, errored = c.errored, cancelled = c.cancelled, "batch finished");
                 }
-                return Ok(());
+                return Ok(Some(state));
             }
             CasOutcome::Conflict => continue,
         }
     }
-    Ok(())
+    // Others keep winning the race; this coordinator sits this tick out.
+    Ok(None)
 }
 
 /// Settles finished runs and starts queued items; whether anything changed.
@@ -121,6 +165,7 @@ async fn advance(
     coord: &Coordinator,
     state: &mut BatchState,
     loaded: &Loaded,
+    max_new: usize,
 ) -> Result<bool, DriverError> {
     let mut changed = false;
     for i in 0..state.items.len() {
@@ -148,7 +193,7 @@ async fn advance(
             coord.cancel(&run).await?;
         }
     }
-    for i in state.to_start() {
+    for i in state.to_start(max_new) {
         let run_id = state.run_id_for(i);
         let Some(item) = loaded.items.get(&state.items[i].item_id) else {
             continue;
@@ -183,5 +228,8 @@ fn infra_outcome(error: String) -> ItemOutcome {
         infra_error: true,
         cost_usd: 0.0,
         tokens: 0,
+        flaky_tests: Vec::new(),
+        steps: 0,
+        cache_hits: 0,
     }
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use shared::batch::BatchSpec;
 use shared::messages::{AgentConfig, ScriptStep};
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,7 +21,9 @@ pub enum BatchCmd {
     Submit(BatchSubmitArgs),
     /// Show a batch's counts.
     Status(BatchRef),
-    /// Wait for a batch to finish, printing progress; exits 0 when every item has a verdict.
+    /// Wait for a batch to finish with a progress bar (done, running, queued, pass rate and
+    /// cost so far, ETA); exits 0 when every item has a verdict (none errored, cancelled or
+    /// flaky).
     Wait(BatchRef),
     /// Cancel a batch: queued items never start, running runs are cancelled.
     Cancel(BatchRef),
@@ -53,12 +56,20 @@ pub struct BatchSubmitArgs {
     /// New runs of an item after infrastructure errors (never counted as verdicts).
     #[arg(long, default_value_t = 2)]
     pub max_infra_retries: u32,
+    /// The batch's part of the fleet's batch slots against the other unfinished batches
+    /// (1 to 1000): weight 2 gets twice the runs of weight 1 when both want more.
+    #[arg(long, default_value_t = 1)]
+    pub weight: u32,
     /// Labels, `key=value` (repeatable).
     #[arg(long = "label")]
     pub labels: Vec<String>,
     /// Factory graphs: attempts per item.
     #[arg(long)]
     pub max_attempts: Option<u32>,
+    /// Where SWE-bench lines' repositories are: `owner/name` is the git repository
+    /// DIR/owner__name (a path the coordinator can open).
+    #[arg(long)]
+    pub mirror_dir: Option<PathBuf>,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -75,6 +86,10 @@ pub struct BatchRerunArgs {
     /// Rerun every item that did not pass.
     #[arg(long, group = "which")]
     pub not_passed: bool,
+    /// Rerun every item (harness and command steps whose inputs did not change are reused
+    /// from the step cache).
+    #[arg(long, group = "which")]
+    pub all: bool,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -127,8 +142,10 @@ fn read_dataset(path: &Path) -> anyhow::Result<String> {
         }
         let mut item: Value = serde_json::from_str(line)
             .map_err(|e| anyhow!("{}:{}: not JSON: {e}", path.display(), i + 1))?;
+        // SWE-bench lines (and items with `mirror`) name `owner/name` in the mirror directory.
+        let mirrored = item.get("instance_id").is_some() || item["mirror"] == true;
         if let Some(repo) = item.get("repo").and_then(Value::as_str) {
-            if Path::new(repo).is_relative() {
+            if Path::new(repo).is_relative() && !mirrored {
                 item["repo"] = json!(base.join(repo).display().to_string());
             }
         }
@@ -171,27 +188,109 @@ impl BatchSubmitArgs {
                 max_running: self.max_running,
                 max_infra_retries: self.max_infra_retries,
                 labels,
+                weight: self.weight,
+            },
+            mirror_dir: match &self.mirror_dir {
+                Some(d) => Some(
+                    d.canonicalize()
+                        .with_context(|| format!("the mirror directory `{}`", d.display()))?
+                        .display()
+                        .to_string(),
+                ),
+                None => None,
             },
         })
     }
 }
 
+/// One line of a batch's progress: `batch <id>: 3 of 10 done (passed 2, failed 1, flaky 0,
+/// errored 0, cancelled 0), 2 running, 5 queued, pass rate 67%, $0.1200, eta 40s`.
 fn counts_line(id: &str, v: &Value) -> String {
     let c = &v["counts"];
     format!(
-        "batch {id}: {} of {} done (passed {}, failed {}, errored {}, cancelled {}), {} running, {} queued",
+        "batch {id}: {} of {} done (passed {}, failed {}, flaky {}, errored {}, cancelled {}), {}",
         c["passed"].as_u64().unwrap_or(0)
             + c["failed"].as_u64().unwrap_or(0)
+            + c["flaky"].as_u64().unwrap_or(0)
             + c["errored"].as_u64().unwrap_or(0)
             + c["cancelled"].as_u64().unwrap_or(0),
         c["total"],
         c["passed"],
         c["failed"],
+        c["flaky"].as_u64().unwrap_or(0),
         c["errored"],
         c["cancelled"],
-        c["running"],
-        c["queued"],
+        progress_tail(v),
     )
+}
+
+/// `2 running, 5 queued, pass rate 67%, $0.1200, eta 40s` from the view's `progress`.
+fn progress_tail(v: &Value) -> String {
+    let p = &v["progress"];
+    let mut tail = format!("{} running, {} queued", p["running"], p["queued"]);
+    if let Some(rate) = p["pass_rate"].as_f64() {
+        tail.push_str(&format!(", pass rate {:.0}%", rate * 100.0));
+    }
+    tail.push_str(&format!(", ${:.4}", p["cost_usd"].as_f64().unwrap_or(0.0)));
+    if let Some(eta) = p["eta_seconds"].as_f64() {
+        tail.push_str(&format!(", eta {}", short_duration(eta)));
+    }
+    tail
+}
+
+/// `45s`, `3m05s`, `2h10m`.
+fn short_duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// Follows a batch to its end: a progress bar (done of total, with the tail of
+/// [`counts_line`]) on a terminal, one line per change otherwise.
+async fn wait(client: &Client, id: &str, out: &mut Out) -> anyhow::Result<i32> {
+    let bar = std::io::stdout().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("batch {id}"));
+        bar
+    });
+    let mut last = String::new();
+    loop {
+        let v: Value = client.get(&format!("/v1/batches/{id}")).await?;
+        match &bar {
+            Some(bar) => {
+                bar.set_length(v["progress"]["total"].as_u64().unwrap_or(0));
+                bar.set_position(v["progress"]["done"].as_u64().unwrap_or(0));
+                bar.set_message(progress_tail(&v));
+            }
+            None => {
+                let line = counts_line(id, &v);
+                if line != last {
+                    out.line(&line)?;
+                    last = line;
+                }
+            }
+        }
+        if finished(&v) {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+                out.line(counts_line(id, &v))?;
+            }
+            // Every item with a verdict: none errored, cancelled or flaky (no verdict).
+            let c = &v["counts"];
+            let clean =
+                c["errored"] == 0 && c["cancelled"] == 0 && c["flaky"].as_u64().unwrap_or(0) == 0;
+            return Ok(if clean { 0 } else { 1 });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 fn finished(v: &Value) -> bool {
@@ -218,24 +317,7 @@ pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
             out.line(counts_line(&b.batch_id, &v))?;
             Ok(0)
         }
-        BatchCmd::Wait(b) => {
-            let client = Client::new(&b.server.server);
-            let mut last = String::new();
-            loop {
-                let v: Value = client.get(&format!("/v1/batches/{}", b.batch_id)).await?;
-                let line = counts_line(&b.batch_id, &v);
-                if line != last {
-                    out.line(&line)?;
-                    last = line;
-                }
-                if finished(&v) {
-                    let c = &v["counts"];
-                    let clean = c["errored"] == 0 && c["cancelled"] == 0;
-                    return Ok(if clean { 0 } else { 1 });
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
+        BatchCmd::Wait(b) => wait(&Client::new(&b.server.server), &b.batch_id, out).await,
         BatchCmd::Cancel(b) => {
             let v: Value = Client::new(&b.server.server)
                 .post(&format!("/v1/batches/{}/cancel", b.batch_id), &json!({}))
@@ -260,11 +342,12 @@ pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
             Ok(0)
         }
         BatchCmd::Rerun(r) => {
-            let which = match (r.failed, r.errored, r.not_passed) {
-                (true, false, false) => "failed",
-                (false, true, false) => "errored",
-                (false, false, true) => "not_passed",
-                _ => bail!("say which items: --failed, --errored or --not-passed"),
+            let which = match (r.failed, r.errored, r.not_passed, r.all) {
+                (true, false, false, false) => "failed",
+                (false, true, false, false) => "errored",
+                (false, false, true, false) => "not_passed",
+                (false, false, false, true) => "all",
+                _ => bail!("say which items: --failed, --errored, --not-passed or --all"),
             };
             let answer: Value = Client::new(&r.server.server)
                 .post(

@@ -141,6 +141,7 @@ mod tests {
             max_running: 100,
             max_infra_retries: 0,
             labels: Default::default(),
+            weight: 1,
         };
         let at = chrono::Utc::now();
         let mut s = BatchState::new(BatchId::new(id), "g", "graphs/g.json", spec, &items, at);
@@ -158,6 +159,9 @@ mod tests {
                 infra_error: verdict.is_none(),
                 cost_usd: *cost,
                 tokens: 0,
+                flaky_tests: Vec::new(),
+                steps: 0,
+                cache_hits: 0,
             };
             s.finished(i, &outcome, at);
         }

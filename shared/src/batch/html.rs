@@ -42,7 +42,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 table.sortable th{cursor:pointer;user-select:none}
 table.sortable th[aria-sort=ascending]::after{content:" \25B2"}
 table.sortable th[aria-sort=descending]::after{content:" \25BC"}
-.st-passed{color:#137333}.st-failed{color:#b3261e}.st-errored{color:#a15c00}
+.st-passed{color:#137333}.st-failed{color:#b3261e}.st-errored{color:#a15c00}.st-flaky{color:#8e24aa}
 .st-queued,.st-running,.st-cancelled{color:#5f6368}
 dl.summary{display:grid;grid-template-columns:max-content auto;gap:2px 16px;margin:0 0 8px}
 dt{color:#5f6368}dd{margin:0}
@@ -56,7 +56,8 @@ pre{margin:0;white-space:pre-wrap;word-break:break-word;max-width:80ch}
 "#;
 
 /// Sorts a `table.sortable` by the clicked column (`data-v` of each cell; as numbers when the
-/// header has `data-num`), ascending then descending.
+/// header has `data-num`), ascending then descending. A link may name a sort: `#sort=cost`
+/// (a column's first word), `#sort=-cost` descending.
 const SCRIPT: &str = r#"
 (function () {
   function key(cell, num) {
@@ -80,6 +81,14 @@ const SCRIPT: &str = r#"
       }).forEach(function (row) { body.appendChild(row); });
     });
   });
+  var m = /^#sort=(-?)([a-z@^]+)$/.exec(location.hash);
+  if (m) {
+    document.querySelectorAll('table.sortable th').forEach(function (th) {
+      if (th.textContent.split(' ')[0] !== m[2]) { return; }
+      th.click();
+      if (m[1]) { th.click(); }
+    });
+  }
 })();
 "#;
 
@@ -155,8 +164,8 @@ pub(super) fn histogram(values: &[f64]) -> Option<Histogram> {
 /// The whole batch as one HTML page: a summary (id, graph, labels, counts per state, the pass
 /// rate with its 95% Wilson interval, cost, tokens, wall time), pass@1 / pass@k / pass^k with
 /// more than one trial, histograms of item cost and time, failed items grouped by the stage
-/// they ended in, errored items with their errors, and a sortable table of every item whose run
-/// ids link to the run's artifacts. Every figure is [`json_report`]'s.
+/// they ended in, errored items with their errors, items with flaky tests, and a sortable table
+/// of every item whose run ids link to the run's artifacts. Every figure is [`json_report`]'s.
 pub fn html_report(state: &BatchState) -> String {
     let r = json_report(state);
     let items: &[Value] = r["items"].as_array().map_or(&[], Vec::as_slice);
@@ -167,6 +176,7 @@ pub fn html_report(state: &BatchState) -> String {
     charts(&mut out, items);
     failures(&mut out, &r, items);
     errors(&mut out, items);
+    super::flaky::html_section(&mut out, &r, items);
     table(&mut out, items);
     let _ = write!(
         out,
@@ -191,7 +201,7 @@ fn head(out: &mut String, r: &Value) {
 /// The pass rate in words: passed / judged, its interval, and what is left out.
 fn pass_rate(r: &Value) -> String {
     let p = &r["pass_rate"];
-    let left_out = "errored, cancelled and unfinished items are no verdict and are left out";
+    let left_out = "flaky, errored, cancelled and unfinished items are no verdict and are left out";
     if p["rate"].is_null() {
         return format!("pass rate: none yet (0 judged); {left_out}");
     }
@@ -240,7 +250,8 @@ fn summary(out: &mut String, r: &Value) {
          <dt>graph</dt><dd>{} ({})</dd>\n<dt>labels</dt><dd>{labels}</dd>\n\
          <dt>status</dt><dd>{status}: created {}{finished_at}</dd>\n\
          <dt>wall time</dt><dd>{:.1} s</dd>\n<dt>cost</dt><dd>${:.4}</dd>\n\
-         <dt>tokens</dt><dd>{}</dd>\n</dl>\n",
+         <dt>tokens</dt><dd>{}</dd>\n\
+         <dt>step cache</dt><dd id=\"step-cache\">{} of {} steps reused</dd>\n</dl>\n",
         esc(&r["batch_id"]),
         esc(&r["graph"]),
         esc(&r["graph_ref"]),
@@ -248,6 +259,8 @@ fn summary(out: &mut String, r: &Value) {
         num(&r["wall_seconds"]),
         num(&r["cost_usd"]),
         esc(&r["tokens"]),
+        esc(&r["step_cache"]["hits"]),
+        esc(&r["step_cache"]["steps"]),
     );
     out.push_str("<table class=\"counts\">\n");
     for name in [
@@ -256,6 +269,7 @@ fn summary(out: &mut String, r: &Value) {
         "running",
         "passed",
         "failed",
+        "flaky",
         "errored",
         "cancelled",
     ] {

@@ -1,6 +1,6 @@
 //! A batch's reports: JSON ([`json_report`]: counts, the pass rate with its 95% Wilson
-//! interval, pass@k over trials, every item) and JUnit XML ([`junit_xml`]: one testcase per
-//! item and trial, for CI dashboards).
+//! interval, pass@k over trials, flaky items and tests, every item) and JUnit XML
+//! ([`junit_xml`]: one testcase per item and trial, for CI dashboards).
 
 use super::state::{BatchItem, BatchState, ItemState};
 use crate::time::rfc3339;
@@ -59,8 +59,11 @@ fn item_json(item: &BatchItem) -> Value {
         "ended_stage": item.ended_stage,
         "error": item.error,
         "infra_errors": item.infra_errors,
+        "flaky_tests": item.flaky_tests,
         "cost_usd": item.cost_usd,
         "tokens": item.tokens,
+        "steps": item.steps,
+        "cache_hits": item.cache_hits,
         "started_at": item.started_at.as_ref().map(rfc3339),
         "finished_at": item.finished_at.as_ref().map(rfc3339),
         "seconds": seconds_between(item.started_at, item.finished_at),
@@ -128,9 +131,10 @@ fn trials_json(state: &BatchState) -> Value {
 }
 
 /// The batch as JSON: id, graph, labels, counts, the pass rate (passed / (passed + failed);
-/// errored, cancelled and unfinished items left out) with its 95% Wilson interval, total cost
-/// and tokens, wall time, every item; with more than one trial, `trials`: pass@1, pass@k and
-/// pass^k per item and their means over items.
+/// flaky, errored, cancelled and unfinished items left out: no verdict) with its 95% Wilson
+/// interval, `flaky` (items settled flaky, and the flaky tests they list), total cost and
+/// tokens, wall time, every item (a flaky one with its `flaky_tests`); with more than one trial,
+/// `trials`: pass@1, pass@k and pass^k per item and their means over items.
 pub fn json_report(state: &BatchState) -> Value {
     let counts = state.counts();
     let judged = counts.passed + counts.failed;
@@ -159,8 +163,16 @@ pub fn json_report(state: &BatchState) -> Value {
             "rate": rate,
             "ci95": interval.map(|(low, high)| json!({"low": low, "high": high})),
         },
+        "flaky": {
+            "items": counts.flaky,
+            "tests": state.items.iter().map(|i| i.flaky_tests.len()).sum::<usize>(),
+        },
         "cost_usd": cost_usd,
         "tokens": tokens,
+        "step_cache": {
+            "steps": state.items.iter().map(|i| u64::from(i.steps)).sum::<u64>(),
+            "hits": state.items.iter().map(|i| u64::from(i.cache_hits)).sum::<u64>(),
+        },
         "wall_seconds": wall_seconds(state),
         "items": state.items.iter().map(item_json).collect::<Vec<_>>(),
     });
@@ -204,11 +216,12 @@ fn case_name(state: &BatchState, item: &BatchItem) -> String {
 /// labels as properties) with one `<testcase classname="<graph>" name="<item>[ trial <n>]">`
 /// per item and trial: nothing inside when passed, `<failure message="<verdict>
 /// <ended_stage>">` (the error as text) when failed, `<error message="<error>">` (earlier
-/// infrastructure errors as text) when errored, `<skipped message="<state>"/>` when
-/// cancelled, queued or running. Every attribute and text is escaped ([`xml_escape`]).
+/// infrastructure errors as text) when errored, `<skipped type="flaky" message="FLAKY ...">`
+/// (its flaky tests as text, one a line: no verdict) when flaky, `<skipped message="<state>"/>`
+/// when cancelled, queued or running. Every attribute and text is escaped ([`xml_escape`]).
 pub fn junit_xml(state: &BatchState) -> String {
     let c = state.counts();
-    let skipped = c.cancelled + c.queued + c.running;
+    let skipped = c.cancelled + c.queued + c.running + c.flaky;
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         out,
@@ -245,6 +258,18 @@ pub fn junit_xml(state: &BatchState) -> String {
         let (element, message, text) = match item.state {
             ItemState::Passed => {
                 out.push_str("/>\n");
+                continue;
+            }
+            ItemState::Flaky => {
+                let _ = writeln!(
+                    out,
+                    ">\n    <skipped type=\"flaky\" message=\"{}\">{}</skipped>\n  </testcase>",
+                    xml_escape(&format!(
+                        "FLAKY: {} flaky tests, no verdict",
+                        item.flaky_tests.len()
+                    )),
+                    xml_escape(&item.flaky_tests.join("\n")),
+                );
                 continue;
             }
             ItemState::Failed => {

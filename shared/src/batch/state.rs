@@ -2,11 +2,14 @@
 //! [`BatchState::started`], [`BatchState::finished`] and [`BatchState::cancel`]; what ended runs
 //! mean for it ([`outcome_of`]); the batch's id ([`batch_id`]).
 //!
-//! An item's life: `Queued` → `Running` → `Passed` | `Failed` | `Errored` | `Cancelled`. A run
-//! that failed for the infrastructure (not the agent) puts its item back to `Queued` as the next
-//! attempt while retries are left, and never counts as a verdict.
+//! An item's life: `Queued` → `Running` → `Passed` | `Failed` | `Flaky` | `Errored` |
+//! `Cancelled`. A run that failed for the infrastructure (not the agent) puts its item back to
+//! `Queued` as the next attempt while retries are left, and never counts as a verdict. A run
+//! whose verdict would have depended on a flaky test (the harness's reruns disagreed) settles
+//! its item `Flaky`: no verdict either, counted apart, its flaky tests listed.
 
 use super::dataset::DatasetItem;
+use super::flaky::{flaky_error, flaky_of, FLAKY_VERDICT};
 use crate::engine::{RunState, RunStatus};
 use crate::hashing::{canonical_hash, sha256_hex};
 use crate::ids::{BatchId, RunId};
@@ -45,6 +48,13 @@ const fn default_infra_retries() -> u32 {
     2
 }
 
+const fn default_weight() -> u32 {
+    1
+}
+
+/// A batch's weight is at most this (see [`super::share`]).
+pub const MAX_WEIGHT: u32 = 1000;
+
 /// How a batch runs its dataset.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct BatchSpec {
@@ -60,6 +70,11 @@ pub struct BatchSpec {
     /// Free-form tags carried into the reports (model, prompt version, ...).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Its part of the fleet's batch slots against the other unfinished batches, 1 to
+    /// [`MAX_WEIGHT`] (default 1): a batch of weight 2 gets twice the slots of one of weight 1
+    /// when both want more than their share (see [`super::share::fair_shares`]).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
 }
 
 impl BatchSpec {
@@ -77,6 +92,12 @@ impl BatchSpec {
             return Err(format!(
                 "max_infra_retries is {}, over {MAX_INFRA_RETRIES}",
                 self.max_infra_retries
+            ));
+        }
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            return Err(format!(
+                "weight is {}, not between 1 and {MAX_WEIGHT}",
+                self.weight
             ));
         }
         if self.labels.len() > MAX_LABELS {
@@ -112,6 +133,8 @@ pub enum ItemState {
     Failed,
     Errored,
     Cancelled,
+    /// The run's verdict would have depended on flaky tests: no verdict.
+    Flaky,
 }
 
 impl ItemState {
@@ -142,6 +165,15 @@ pub struct BatchItem {
     /// The reasons of earlier attempts' infrastructure errors, oldest first.
     #[serde(default)]
     pub infra_errors: Vec<String>,
+    /// The flaky tests its settling run's test runs found (a `Flaky` item's decide it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flaky_tests: Vec<String>,
+    /// Jobs its runs' workers answered over every attempt, and how many of them reused a kept
+    /// result (the step cache).
+    #[serde(default)]
+    pub steps: u32,
+    #[serde(default)]
+    pub cache_hits: u32,
     /// Spent over every attempt.
     #[serde(default)]
     pub cost_usd: f64,
@@ -165,12 +197,14 @@ pub struct BatchCounts {
     pub failed: usize,
     pub errored: usize,
     pub cancelled: usize,
+    #[serde(default)]
+    pub flaky: usize,
 }
 
 impl BatchCounts {
-    /// Items settled: passed, failed, errored or cancelled.
+    /// Items settled: passed, failed, flaky, errored or cancelled.
     pub fn done(&self) -> usize {
-        self.passed + self.failed + self.errored + self.cancelled
+        self.passed + self.failed + self.flaky + self.errored + self.cancelled
     }
 }
 
@@ -204,6 +238,12 @@ pub struct ItemOutcome {
     pub infra_error: bool,
     pub cost_usd: f64,
     pub tokens: u64,
+    /// The tests the run's test runs found flaky (whatever its verdict).
+    pub flaky_tests: Vec<String>,
+    /// Jobs the run's workers answered, and how many of them reused a kept result (the step
+    /// cache) instead of running.
+    pub steps: u32,
+    pub cache_hits: u32,
 }
 
 impl BatchState {
@@ -246,6 +286,7 @@ impl BatchState {
                 ItemState::Failed => &mut c.failed,
                 ItemState::Errored => &mut c.errored,
                 ItemState::Cancelled => &mut c.cancelled,
+                ItemState::Flaky => &mut c.flaky,
             } += 1;
         }
         c
@@ -256,9 +297,10 @@ impl BatchState {
         self.items.iter().all(|i| i.state.is_settled())
     }
 
-    /// The items to start now: `Queued` ones in order, as many as `max_running` leaves room
-    /// for; none once cancelled.
-    pub fn to_start(&self) -> Vec<usize> {
+    /// The items to start now: `Queued` ones in order, at most `max_new` (what the batch's
+    /// share of the fleet's slots lets it start, see [`super::share`]) and as many as
+    /// `max_running` leaves room for; none once cancelled.
+    pub fn to_start(&self, max_new: usize) -> Vec<usize> {
         if self.cancelled {
             return Vec::new();
         }
@@ -267,7 +309,9 @@ impl BatchState {
             .iter()
             .filter(|i| i.state == ItemState::Running)
             .count();
-        let room = (self.spec.max_running as usize).saturating_sub(running);
+        let room = (self.spec.max_running as usize)
+            .saturating_sub(running)
+            .min(max_new);
         self.items
             .iter()
             .enumerate()
@@ -321,7 +365,8 @@ impl BatchState {
     /// - a cancelled run → `Cancelled`; an infrastructure error without retries → `Errored`
     ///   (`Cancelled` in a cancelled batch);
     /// - otherwise the verdict (the outcome's, else `PASS` for a succeeded run and `FAIL` for a
-    ///   failed one): `Passed` when it is exactly `PASS`, else `Failed`.
+    ///   failed one): `Passed` when it is exactly `PASS`, `Flaky` when it is
+    ///   [`FLAKY_VERDICT`], else `Failed`; the run's flaky tests are kept with any verdict.
     ///
     /// The outcome must be of the item's current run (its `run_id`), or of none for a `Queued`
     /// item whose run could not be created: the caller fences out reports of earlier attempts.
@@ -337,6 +382,8 @@ impl BatchState {
         }
         item.cost_usd += outcome.cost_usd;
         item.tokens = item.tokens.saturating_add(outcome.tokens);
+        item.steps = item.steps.saturating_add(outcome.steps);
+        item.cache_hits = item.cache_hits.saturating_add(outcome.cache_hits);
         let cancelled_run = outcome.status == RunStatus::Cancelled;
         if outcome.infra_error && !cancelled_run && !cancelled && item.attempt <= retries {
             let reason = outcome.error.as_deref().unwrap_or("infrastructure error");
@@ -349,6 +396,7 @@ impl BatchState {
         }
         item.finished_at = Some(at);
         item.ended_stage = outcome.ended_stage.clone();
+        item.flaky_tests = outcome.flaky_tests.clone();
         item.error = outcome.error.as_deref().map(|e| head(e, MAX_ERROR_CHARS));
         item.state = if cancelled_run || (outcome.infra_error && cancelled) {
             ItemState::Cancelled
@@ -362,13 +410,13 @@ impl BatchState {
                     "FAIL".into()
                 }
             });
-            let passed = verdict == "PASS";
+            let state = match verdict.as_str() {
+                "PASS" => ItemState::Passed,
+                FLAKY_VERDICT => ItemState::Flaky,
+                _ => ItemState::Failed,
+            };
             item.verdict = Some(verdict);
-            if passed {
-                ItemState::Passed
-            } else {
-                ItemState::Failed
-            }
+            state
         };
         self.settle(at);
     }
@@ -408,6 +456,9 @@ fn queued(item_id: &str, trial: u32) -> BatchItem {
         ended_stage: None,
         error: None,
         infra_errors: Vec::new(),
+        flaky_tests: Vec::new(),
+        steps: 0,
+        cache_hits: 0,
         cost_usd: 0.0,
         tokens: 0,
         started_at: None,
@@ -425,7 +476,12 @@ fn queued(item_id: &str, trial: u32) -> BatchItem {
 ///   [`INFRA_REASONS`]; timeouts, invalid output and budgets are the agent's;
 /// - `error`: the result's `reason` (with its node and detail), else the first infrastructure
 ///   failure's node and error, else the last failed outcome's; at most [`MAX_ERROR_CHARS`];
-/// - `cost_usd` and `tokens` (input plus output): summed over the run's outcomes.
+/// - `cost_usd` and `tokens` (input plus output): summed over the run's outcomes; `steps` (jobs
+///   a worker answered) and `cache_hits` (of those, results reused from the step cache);
+/// - the verdict is [`FLAKY_VERDICT`] when the run failed (not for the infrastructure) at a job
+///   whose output says `flaky: true` (a test run whose verdict would have depended on the
+///   run), unless the result names its own; the error then lists the flaky tests
+///   ([`super::flaky::flaky_of`], [`flaky_error`]).
 pub fn outcome_of(run: &RunState) -> ItemOutcome {
     let null = Value::Null;
     let result = run.result.as_ref().unwrap_or(&null);
@@ -436,12 +492,15 @@ pub fn outcome_of(run: &RunState) -> ItemOutcome {
         .iter()
         .find(|o| matches!(o.status, JobStatus::Error | JobStatus::Dead));
     let infra_error = run.status == RunStatus::Failed && (infra_reason || infra_job.is_some());
+    let (flaky, ended_flaky) = flaky_of(run);
     let verdict = match run.status {
         RunStatus::Succeeded | RunStatus::Failed if !infra_error => Some(
             result["verdict"]
                 .as_str()
                 .unwrap_or(if run.status == RunStatus::Succeeded {
                     "PASS"
+                } else if ended_flaky {
+                    FLAKY_VERDICT
                 } else {
                     "FAIL"
                 })
@@ -468,8 +527,18 @@ pub fn outcome_of(run: &RunState) -> ItemOutcome {
             .map(of_job),
         _ => None,
     };
-    let (mut cost_usd, mut tokens) = (0.0, 0u64);
+    let error = match verdict.as_deref() {
+        Some(FLAKY_VERDICT) => Some(flaky_error(&flaky)),
+        _ => error,
+    };
+    let (mut cost_usd, mut tokens, mut steps, mut cache_hits) = (0.0, 0u64, 0u32, 0u32);
     for o in &run.history {
+        if !o.worker.is_empty() {
+            steps = steps.saturating_add(1);
+        }
+        if o.cached_from.is_some() {
+            cache_hits = cache_hits.saturating_add(1);
+        }
         cost_usd += o.usage.cost_usd;
         tokens = tokens
             .saturating_add(o.usage.input_tokens)
@@ -483,6 +552,9 @@ pub fn outcome_of(run: &RunState) -> ItemOutcome {
         infra_error,
         cost_usd,
         tokens,
+        flaky_tests: flaky,
+        steps,
+        cache_hits,
     }
 }
 

@@ -81,8 +81,8 @@ fn the_page_shows_the_json_reports_figures() {
     }
     let p = &r["pass_rate"];
     let rate = format!(
-        "pass rate {} ({} / {} judged), 95% Wilson interval {} to {}; errored, cancelled and \
-         unfinished items are no verdict and are left out",
+        "pass rate {} ({} / {} judged), 95% Wilson interval {} to {}; flaky, errored, \
+         cancelled and unfinished items are no verdict and are left out",
         pct(&p["rate"]),
         p["passed"],
         p["judged"],

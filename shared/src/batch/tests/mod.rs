@@ -1,6 +1,7 @@
 //! Tests of the batch model: datasets, the state machine, outcomes of runs, reports.
 
 mod dataset;
+mod flaky;
 mod html;
 mod outcome;
 mod report;
@@ -24,6 +25,7 @@ fn item(id: &str) -> DatasetItem {
         input: None,
         work_order: None,
         script: None,
+        mirror: false,
     }
 }
 
@@ -33,6 +35,7 @@ fn spec(trials: u32, max_running: u32) -> BatchSpec {
         max_running,
         max_infra_retries: 2,
         labels: BTreeMap::new(),
+        weight: 1,
     }
 }
 
@@ -57,6 +60,9 @@ fn outcome(status: crate::engine::RunStatus, verdict: Option<&str>) -> ItemOutco
         infra_error: false,
         cost_usd: 0.5,
         tokens: 100,
+        flaky_tests: Vec::new(),
+        steps: 0,
+        cache_hits: 0,
     }
 }
 

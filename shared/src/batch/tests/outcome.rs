@@ -5,7 +5,13 @@ use crate::ids::{JobId, NodeId, RunId};
 use crate::messages::{AgentConfig, JobStatus, RepoSnapshot, Usage};
 use serde_json::{json, Value};
 
-fn job(node: &str, status: JobStatus, error: Option<&str>, cost: f64, tokens: u64) -> Outcome {
+pub(super) fn job(
+    node: &str,
+    status: JobStatus,
+    error: Option<&str>,
+    cost: f64,
+    tokens: u64,
+) -> Outcome {
     Outcome {
         job_id: JobId::new(format!("r1.{node}.1")),
         node: NodeId::new(node),
@@ -29,10 +35,11 @@ fn job(node: &str, status: JobStatus, error: Option<&str>, cost: f64, tokens: u6
         finished_at: t(1),
         container_seconds: 0.0,
         branch: None,
+        cached_from: None,
     }
 }
 
-fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome>) -> RunState {
+pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome>) -> RunState {
     RunState {
         run_id: RunId::new("r1"),
         graph_name: "factory".into(),

@@ -1,4 +1,4 @@
-use super::super::state::{BATCH_STATE_VERSION, MAX_INFRA_RETRIES};
+use super::super::state::{BATCH_STATE_VERSION, MAX_INFRA_RETRIES, MAX_WEIGHT};
 use super::*;
 use crate::engine::RunStatus;
 use crate::factory::valid_run_id;
@@ -35,19 +35,22 @@ fn a_new_batch_is_every_item_times_every_trial_queued() {
 #[test]
 fn at_most_max_running_are_started_in_order() {
     let mut b = batch(&["a", "b", "c", "d"], spec(1, 2));
-    assert_eq!(b.to_start(), [0, 1]);
-    for i in b.to_start() {
+    assert_eq!(b.to_start(usize::MAX), [0, 1]);
+    // The fleet's share may allow fewer starts than max_running, never more.
+    assert_eq!(b.to_start(1), [0]);
+    assert!(b.to_start(0).is_empty());
+    for i in b.to_start(usize::MAX) {
         let run = b.run_id_for(i);
         assert!(changes(&mut b, |b| b.started(i, run, t(1))));
     }
-    assert!(b.to_start().is_empty());
+    assert!(b.to_start(usize::MAX).is_empty());
     assert_eq!(b.counts().running, 2);
     assert!(changes(&mut b, |b| b.finished(
         0,
         &outcome(RunStatus::Succeeded, None),
         t(5)
     )));
-    assert_eq!(b.to_start(), [2]);
+    assert_eq!(b.to_start(usize::MAX), [2]);
     // Starting twice, or an item that is not queued, changes nothing.
     assert!(!changes(&mut b, |b| b.started(
         1,
@@ -143,7 +146,7 @@ fn a_verdict_settles_the_item_and_the_last_one_the_batch() {
 fn infrastructure_errors_are_retried_then_errored_never_a_verdict() {
     let mut b = batch(&["a"], spec(1, 1));
     for attempt in 1..=3 {
-        assert_eq!(b.to_start(), [0]);
+        assert_eq!(b.to_start(usize::MAX), [0]);
         let run = b.run_id_for(0);
         assert!(run.as_str().ends_with(&format!("-a{attempt}")));
         b.started(0, run, t(attempt.into()));
@@ -185,7 +188,7 @@ fn infrastructure_errors_are_retried_then_errored_never_a_verdict() {
 fn an_item_whose_run_could_not_start_is_retried_then_errored_without_a_run() {
     let mut b = batch(&["a", "b"], spec(1, 1));
     for attempt in 1..=3 {
-        assert_eq!(b.to_start(), [0]);
+        assert_eq!(b.to_start(usize::MAX), [0]);
         assert!(changes(&mut b, |b| b.finished(
             0,
             &infra("no such repository"),
@@ -200,7 +203,7 @@ fn an_item_whose_run_could_not_start_is_retried_then_errored_without_a_run() {
     assert_eq!(item.started_at, None);
     assert_eq!(item.finished_at, Some(t(3)));
     // The next item's turn.
-    assert_eq!(b.to_start(), [1]);
+    assert_eq!(b.to_start(usize::MAX), [1]);
 }
 
 #[test]
@@ -226,12 +229,12 @@ fn unended_runs_and_unknown_items_change_nothing() {
 #[test]
 fn cancel_stops_queued_items_and_lets_running_ones_end() {
     let mut b = batch(&["a", "b", "c", "d"], spec(1, 3));
-    for i in b.to_start() {
+    for i in b.to_start(usize::MAX) {
         b.started(i, b.run_id_for(i), t(1));
     }
     assert!(changes(&mut b, |b| b.cancel(t(2))));
     assert!(!changes(&mut b, |b| b.cancel(t(3))));
-    assert!(b.to_start().is_empty());
+    assert!(b.to_start(usize::MAX).is_empty());
     assert_eq!(b.items[3].state, ItemState::Cancelled);
     assert_eq!(b.items[3].finished_at, Some(t(2)));
     assert_eq!(b.counts().running, 3);
@@ -275,6 +278,20 @@ fn the_spec_is_checked_and_has_defaults() {
         (spec(0, 1), "trials"),
         (spec(101, 1), "trials"),
         (spec(1, 0), "max_running"),
+        (
+            BatchSpec {
+                weight: 0,
+                ..spec(1, 1)
+            },
+            "weight",
+        ),
+        (
+            BatchSpec {
+                weight: MAX_WEIGHT + 1,
+                ..spec(1, 1)
+            },
+            "weight",
+        ),
         (
             BatchSpec {
                 max_infra_retries: MAX_INFRA_RETRIES + 1,
@@ -401,7 +418,7 @@ proptest! {
             let at = t(n as i64);
             match op {
                 Op::StartAll => {
-                    for i in b.to_start() {
+                    for i in b.to_start(usize::MAX) {
                         prop_assert!(changes(&mut b, |b| b.started(i, b.run_id_for(i), at)));
                     }
                 }
