@@ -341,6 +341,9 @@ pub struct LogEntry {
     pub artifacts: BTreeMap<String, String>,
     #[serde(default)]
     pub usage: Usage,
+    /// The earlier job whose kept result was reused (the step cache) instead of running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_from: Option<crate::step_cache::CachedFrom>,
 }
 
 impl LogEntry {
@@ -359,6 +362,7 @@ impl LogEntry {
                 finished_at: Some(o.finished_at),
                 artifacts: o.artifacts.clone(),
                 usage: o.usage,
+                cached_from: o.cached_from.clone(),
             })
             .collect()
     }

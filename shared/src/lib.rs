@@ -20,8 +20,10 @@ pub mod paths;
 pub mod ports;
 #[cfg(any(test, feature = "test-support"))]
 pub mod proptest_support;
+pub mod schedule;
 pub mod schema;
 pub mod scope;
+pub mod step_cache;
 pub mod testfail;
 pub mod testreport;
 pub mod text;

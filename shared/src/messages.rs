@@ -337,6 +337,9 @@ pub struct JobResult {
     pub finished_at: DateTime<Utc>,
     /// Seconds spent inside the container (create to remove).
     pub container_seconds: f64,
+    /// The earlier job whose kept result this is (the step cache), when the step did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_from: Option<crate::step_cache::CachedFrom>,
 }
 
 #[cfg(test)]

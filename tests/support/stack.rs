@@ -50,6 +50,23 @@ pub fn base_env(ns: &str) -> Vec<(String, String)> {
     .collect()
 }
 
+/// The object store of namespace `ns` as the fleet's processes see it (S3 on 127.0.0.1; the
+/// credentials set once in this test process, which nothing else in it reads).
+pub fn s3_blobs(ns: &str) -> worker::blobs::Blobs {
+    static ENV: std::sync::Once = std::sync::Once::new();
+    ENV.call_once(|| {
+        for (k, v) in [
+            ("AWS_ENDPOINT_URL", S3_ENDPOINT),
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+            ("AWS_REGION", "us-east-1"),
+        ] {
+            std::env::set_var(k, v);
+        }
+    });
+    worker::blobs::Blobs::open("s3://fleet", ns).expect("s3 store")
+}
+
 pub fn unique_namespace(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
@@ -230,6 +247,11 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The process id of the first coordinator, while it runs.
+    pub fn coordinator_pid(&self) -> Option<u32> {
+        self.coordinator.child.as_ref().map(|c| c.id())
     }
 
     pub fn worker_ids(&self) -> Vec<String> {

@@ -6,6 +6,7 @@
 //! - `graphs/<sha256>.json`: graph bundles
 //! - `packs/<sha256>.pack`: git packfiles
 //! - `runs/<run_id>/...`: artifacts; `runs/<run_id>/run_summary.json`, `result.json`, `state.json`
+//! - `cache/steps/<sha256>.json`: kept step results (`shared::step_cache`)
 
 use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
@@ -103,6 +104,14 @@ impl Blobs {
     pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), BlobError> {
         self.store
             .put(&ObjPath::from(key), PutPayload::from(Bytes::from(bytes)))
+            .await?;
+        Ok(())
+    }
+
+    /// Copies `from` to `to` inside the store (server-side where the store can).
+    pub async fn copy(&self, from: &str, to: &str) -> Result<(), BlobError> {
+        self.store
+            .copy(&ObjPath::from(from), &ObjPath::from(to))
             .await?;
         Ok(())
     }

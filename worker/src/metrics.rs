@@ -25,6 +25,7 @@ pub struct Metrics {
     disk_quota: IntCounter,
     /// Job folders removed by the sweeps: `start` (left by an earlier process) or `stale`.
     pub job_dirs_removed: IntCounterVec,
+    step_cache: IntCounterVec,
 }
 
 impl Metrics {
@@ -97,6 +98,14 @@ impl Metrics {
             &["why"],
         )
         .expect("valid metric");
+        let step_cache = IntCounterVec::new(
+            Opts::new(
+                "fleet_worker_step_cache_total",
+                "step cache lookups of cacheable steps (hit: a kept result reused; miss: run)",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
         for c in [&panics, &disk_quota] {
             registry
                 .register(Box::new(c.clone()))
@@ -110,6 +119,7 @@ impl Metrics {
             &duplicates,
             &failures,
             &job_dirs_removed,
+            &step_cache,
         ] {
             registry
                 .register(Box::new(c.clone()))
@@ -130,7 +140,15 @@ impl Metrics {
             failures,
             disk_quota,
             job_dirs_removed,
+            step_cache,
         }
+    }
+
+    /// A cacheable step was looked up: reused (`hit`) or run (`miss`).
+    pub fn step_cache(&self, hit: bool) {
+        self.step_cache
+            .with_label_values(&[if hit { "hit" } else { "miss" }])
+            .inc();
     }
 
     pub fn job_panicked(&self) {

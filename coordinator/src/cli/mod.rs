@@ -4,12 +4,14 @@
 //! - `args`: argument structs and configuration from the environment;
 //! - `serve`: coordinator and worker bootstrap (with `startup`'s dependency checks), `fleet run`;
 //! - `client`: the typed HTTP client; `watch`: `wait` and `cancel`;
+//! - `batch`: `fleet batch`; `schedule`: `fleet schedule`;
 //! - `graph_tools`: loading and checking graphs, the Mermaid rendering.
 
 mod args;
 mod batch;
 mod client;
 mod graph_tools;
+mod schedule;
 mod serve;
 mod startup;
 mod watch;
@@ -73,6 +75,11 @@ pub enum Cmd {
     Batch {
         #[command(subcommand)]
         cmd: batch::BatchCmd,
+    },
+    /// Schedules: a batch fired on a cron expression, its report sent to a webhook.
+    Schedule {
+        #[command(subcommand)]
+        cmd: schedule::ScheduleCmd,
     },
 }
 
@@ -160,8 +167,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
                     .to_string();
                 let error = e.error.map(|s| format!(": {s}")).unwrap_or_default();
                 let finished = e.finished_at.as_ref().map(rfc3339).unwrap_or_default();
+                let reused = e
+                    .cached_from
+                    .as_ref()
+                    .map(|c| format!(" (cached from {})", c.job_id))
+                    .unwrap_or_default();
                 out.line(format!(
-                    "{finished} {status:>10} {} visit {} on {}{error}",
+                    "{finished} {status:>10} {} visit {} on {}{reused}{error}",
                     e.node, e.visit, e.worker
                 ))?;
                 for (name, key) in &e.artifacts {
@@ -218,6 +230,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Batch { cmd } => batch::run(cmd, &mut out).await,
+        Cmd::Schedule { cmd } => schedule::run(cmd, &mut out).await,
         Cmd::Graph { cmd } => match cmd {
             GraphCmd::Check { file } => {
                 let b = load_graph(&file)?;

@@ -67,10 +67,16 @@ pub struct Coordinator {
     pub queue_grace: Duration,
     /// Finished runs leave the run store this long after they were created.
     pub run_retention: Duration,
+    /// Runs of batches under way at once over the whole fleet, shared by the unfinished
+    /// batches by weight (`shared::batch::share`); every coordinator must be given the same.
+    pub batch_slots: usize,
     /// The version of each run this coordinator last mirrored.
     mirrored: Mutex<HashMap<RunId, u64>>,
     /// Where the times of events (and so of run states) come from; also the deadlines'.
     pub clock: Arc<dyn Clock>,
+    /// Rung when a run finishes here, so the batch driver settles it and starts the next
+    /// item at once rather than at its next tick.
+    pub batch_wake: Notify,
 }
 
 /// A coordinator id no other process shares: in containers every process is pid 1, so the
@@ -95,7 +101,11 @@ pub fn unique_id() -> String {
 /// Graph bundles a coordinator keeps in memory at most.
 const GRAPH_CACHE_MAX: usize = 256;
 
-fn env_seconds(name: &str, default: u64) -> u64 {
+/// Runs of batches under way at once over the fleet unless `FLEET_BATCH_SLOTS` says otherwise.
+pub const DEFAULT_BATCH_SLOTS: usize = 32;
+
+/// A whole number from the environment (seconds, slots), or `default`.
+fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -120,14 +130,16 @@ impl Coordinator {
             outbox_ready: Notify::new(),
             run_locks: Mutex::new(HashMap::new()),
             inbox: Mutex::new(inbox::Inbox::default()),
-            reissue_grace: Duration::from_secs(env_seconds("FLEET_REISSUE_GRACE_SECONDS", 60)),
-            run_retention: Duration::from_secs(env_seconds(
+            reissue_grace: Duration::from_secs(env_u64("FLEET_REISSUE_GRACE_SECONDS", 60)),
+            run_retention: Duration::from_secs(env_u64(
                 "FLEET_RUN_RETENTION_SECONDS",
                 7 * 24 * 3600,
             )),
-            queue_grace: Duration::from_secs(env_seconds("FLEET_QUEUE_GRACE_SECONDS", 6 * 3600)),
+            queue_grace: Duration::from_secs(env_u64("FLEET_QUEUE_GRACE_SECONDS", 6 * 3600)),
+            batch_slots: env_u64("FLEET_BATCH_SLOTS", DEFAULT_BATCH_SLOTS as u64) as usize,
             mirrored: Mutex::new(HashMap::new()),
             clock: Arc::new(SystemClock),
+            batch_wake: Notify::new(),
         }
     }
 
@@ -364,6 +376,8 @@ impl Coordinator {
         for fx in effects {
             if let Effect::Finished { status, .. } = fx {
                 tracing::info!(run = %state.run_id, status = ?status, "run finished");
+                // A batch may have a slot free now: its driver looks without waiting a tick.
+                self.batch_wake.notify_one();
                 self.metrics
                     .runs_finished
                     .with_label_values(&[&format!("{status:?}").to_lowercase()])
@@ -408,7 +422,9 @@ impl Coordinator {
         let recovery = tokio::spawn(self.clone().recover_lost_runs(shutdown.clone()));
         let retention = tokio::spawn(self.clone().retention(shutdown.clone()));
         let batches = tokio::spawn(crate::batches::drive(self.clone(), shutdown.clone()));
-        let _ = tokio::join!(relay, results, dead, watchdog, recovery, retention, batches);
+        let schedules = tokio::spawn(crate::schedules::drive(self.clone(), shutdown.clone()));
+        let _ =
+            tokio::join!(relay, results, dead, watchdog, recovery, retention, batches, schedules);
     }
 }
 

@@ -90,6 +90,9 @@ pub struct Outcome {
     pub container_seconds: f64,
     #[serde(default)]
     pub branch: Option<u32>,
+    /// The earlier job whose kept result was reused (the step cache) instead of running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_from: Option<crate::step_cache::CachedFrom>,
 }
 
 /// Arrivals at a join: a set keyed by arriving node (or fan-out branch), so a redelivered
@@ -261,6 +264,7 @@ impl Outcome {
             finished_at: at,
             container_seconds: 0.0,
             branch,
+            cached_from: None,
         }
     }
 }

@@ -124,6 +124,7 @@ impl Engine<'_> {
             finished_at: result.finished_at,
             container_seconds: result.container_seconds,
             branch: record.branch,
+            cached_from: result.cached_from.clone(),
         };
         if !n.derive.is_empty() {
             let mut ctx = self.state.context_in(record.branch);
@@ -288,6 +289,7 @@ impl Engine<'_> {
             finished_at: self.at,
             container_seconds: 0.0,
             branch: approval.branch,
+            cached_from: None,
         };
         self.state.history.push(outcome);
         let n = self.node(id)?.clone();

@@ -32,6 +32,10 @@ pub struct Defaults {
     pub image: Option<String>,
     #[serde(default = "default_timeout")]
     pub timeout_seconds: u64,
+    /// Agent steps reuse the result of an earlier step with the same inputs (model, prompt
+    /// context, seed, worktree...) like harness and command steps always do (`shared::step_cache`).
+    #[serde(default)]
+    pub cache_agent_steps: bool,
 }
 
 impl Default for Defaults {
@@ -39,6 +43,7 @@ impl Default for Defaults {
         Self {
             image: None,
             timeout_seconds: default_timeout(),
+            cache_agent_steps: false,
         }
     }
 }
@@ -290,6 +295,16 @@ impl Node {
     }
 
     /// The op's name, for harness and git nodes.
+    /// Whether the node's step runs in a container (agents, commands, harness ops that run
+    /// the repository's code); the others run in the worker itself.
+    pub fn needs_container(&self) -> bool {
+        match &self.body {
+            NodeBody::Agent(_) | NodeBody::Command { .. } => true,
+            NodeBody::Harness { op } => op.runs_in_container(),
+            _ => false,
+        }
+    }
+
     pub fn op_name(&self) -> Option<&'static str> {
         match &self.body {
             NodeBody::Harness { op } => Some(op.name()),

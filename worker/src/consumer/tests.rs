@@ -61,6 +61,9 @@ impl Sandbox for FakeSandbox {
         self.removed_by_name.lock().unwrap().push(name.to_string());
         Ok(())
     }
+    async fn image_id(&self, _image: &str) -> Result<Option<String>, SandboxError> {
+        Ok(None)
+    }
     fn name(&self) -> &'static str {
         "fake"
     }

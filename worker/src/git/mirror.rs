@@ -55,6 +55,17 @@ impl GitCache {
         Ok(())
     }
 
+    /// The id of `commit`'s tree (the commit's objects must be in the mirror).
+    pub async fn tree_of(&self, commit: &str) -> Result<String, GitError> {
+        let (mirror, commit) = (self.mirror.clone(), commit.to_string());
+        crate::safe_fs::blocking(move || {
+            let repo = Repository::open_bare(&mirror)?;
+            let tree = repo.find_commit(Oid::from_str(&commit)?)?.tree_id();
+            Ok(tree.to_string())
+        })
+        .await
+    }
+
     /// A fresh worktree of `commit` at `dest/wt`, git directory at `dest/git` (checked out on
     /// the blocking pool).
     pub async fn materialize(&self, commit: &str, dest: &Path) -> Result<Worktree, GitError> {

@@ -8,7 +8,7 @@ use crate::harness::{Artifacts, StepOutcome};
 use crate::sandbox::disk;
 use crate::sandbox::{SandboxError, SandboxSpec, Session};
 use serde_json::{json, Value};
-use shared::graph::{NodeBody, NodeKind, WorktreeMode};
+use shared::graph::{NodeKind, WorktreeMode};
 use shared::messages::{JobSpec, JobStatus, Usage};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -81,11 +81,7 @@ impl Runner {
             crate::safe_fs::blocking(move || hand_over(&mount, &user)).await;
         }
 
-        let needs_container = match &node.body {
-            NodeBody::Agent(_) | NodeBody::Command { .. } => true,
-            NodeBody::Harness { op } => op.runs_in_container(),
-            _ => false,
-        };
+        let needs_container = node.needs_container();
         let timeout = Duration::from_secs(spec.timeout_seconds);
         let container_started = Instant::now();
         let session: Option<Box<dyn Session>> = if needs_container {

@@ -21,8 +21,10 @@
 //! `execute.rs`: worktree, container, the step under its timeout, stop and quota; `step.rs`: the
 //! node's step by kind; `commit.rs`: commit, write scope and pack out; `cleanup.rs`: sweeps of
 //! the jobs folder; `resources.rs`: quota and folder age from the environment; `results.rs`:
-//! results the runner makes itself; `error.rs`: `RunError` and `StartError`.
+//! results the runner makes itself; `error.rs`: `RunError` and `StartError`; `cache.rs`: the
+//! step cache's lookups and keeps (`shared::step_cache`).
 
+mod cache;
 mod cleanup;
 mod commit;
 mod error;
@@ -34,6 +36,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 
+pub use cache::STEP_CACHE_ENV;
 pub use error::{RunError, StartError};
 pub use execution::Execution;
 pub use resources::{JobResources, DEFAULT_JOB_DIR_MAX_AGE_SECONDS, DEFAULT_JOB_DISK_MB};
@@ -92,6 +95,8 @@ pub struct Runner {
     nonce: String,
     /// Where the times of results come from (`SystemClock` by default).
     pub clock: Arc<dyn Clock>,
+    /// Whether steps are looked up in and kept in the step cache (`FLEET_STEP_CACHE`).
+    pub cache_enabled: bool,
 }
 
 impl Runner {
@@ -130,6 +135,7 @@ impl Runner {
             executions: AtomicU64::new(0),
             nonce: process_nonce(),
             clock: Arc::new(SystemClock),
+            cache_enabled: cache::enabled_from_env(),
         })
     }
 
@@ -222,7 +228,8 @@ impl Runner {
         }
     }
 
-    /// The execution proper: step, commit, the result.
+    /// The execution proper: the step cache looked up (a hit is the result), else step and
+    /// commit, the result kept in the cache when it is a verdict.
     async fn attempt(
         &self,
         spec: &JobSpec,
@@ -230,6 +237,18 @@ impl Runner {
         stop: &CancellationToken,
         started_at: DateTime<Utc>,
     ) -> Result<JobResult, RunError> {
+        let key = match self.step_key(spec).await {
+            Ok(k) => k,
+            Err(e) => {
+                warn!(job = %spec.job_id, error = %e, "cannot compute the step's cache key; running it");
+                None
+            }
+        };
+        if let Some(key) = &key {
+            if let Some(hit) = self.reuse(spec, exec, key).await {
+                return Ok(hit);
+            }
+        }
         let prefix = exec.artifact_prefix(spec);
         let mut art = Artifacts {
             blobs: &self.blobs,
@@ -243,7 +262,7 @@ impl Runner {
             pack,
             container_seconds,
         } = self.execute(spec, exec, stop, &mut art).await?;
-        Ok(JobResult {
+        let result = JobResult {
             v: WIRE_VERSION,
             job_id: spec.job_id.clone(),
             run_id: spec.run_id.clone(),
@@ -261,6 +280,11 @@ impl Runner {
             started_at,
             finished_at: self.clock.now(),
             container_seconds,
-        })
+            cached_from: None,
+        };
+        if let Some(key) = &key {
+            self.keep(spec, exec, key, &result).await;
+        }
+        Ok(result)
     }
 }

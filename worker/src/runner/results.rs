@@ -49,6 +49,7 @@ pub fn error_result(
         started_at: ran.started_at,
         finished_at: ran.finished_at,
         container_seconds: 0.0,
+        cached_from: None,
     }
 }
 

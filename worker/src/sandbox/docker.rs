@@ -94,6 +94,10 @@ impl Sandbox for DockerSandbox {
         "docker"
     }
 
+    async fn image_id(&self, image: &str) -> Result<Option<String>, SandboxError> {
+        Ok(self.docker.inspect_image(image).await?.id)
+    }
+
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         // Checked at the worker's start too; a container never runs as root whoever calls.
         let (uid, _) = check_user(&self.user).map_err(SandboxError::Refused)?;

@@ -19,6 +19,12 @@ impl Sandbox for LocalProcessSandbox {
         "local-process"
     }
 
+    /// Host processes run whatever the host has: nothing names it, so their steps are never
+    /// cached.
+    async fn image_id(&self, _image: &str) -> Result<Option<String>, SandboxError> {
+        Ok(None)
+    }
+
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         Ok(Box::new(LocalSession {
             dir: spec.worktree.clone(),

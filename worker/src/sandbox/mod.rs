@@ -156,6 +156,9 @@ pub trait Sandbox: Send + Sync {
     /// Removes the container of that name if there is one (none is not an error): the cleanup
     /// of an execution whose session was lost (its job panicked while it held it).
     async fn remove_named(&self, name: &str) -> Result<(), SandboxError>;
+    /// The content id of `image` as this sandbox would run it (`sha256:...`), for the step
+    /// cache's keys; none when the sandbox cannot name what it runs (host processes).
+    async fn image_id(&self, image: &str) -> Result<Option<String>, SandboxError>;
     fn name(&self) -> &'static str;
 }
 

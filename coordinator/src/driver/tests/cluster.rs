@@ -75,6 +75,7 @@ pub(super) fn result(spec: &JobSpec, status: JobStatus, output: Value) -> JobRes
         started_at: at,
         finished_at: at,
         container_seconds: 0.0,
+        cached_from: None,
     }
 }
 

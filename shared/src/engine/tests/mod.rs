@@ -96,6 +96,7 @@ fn result(job: &JobId, attempt: Attempt, status: JobStatus, output: Value) -> Ev
             started_at: time(0),
             finished_at: time(1),
             container_seconds: 0.0,
+            cached_from: None,
         }),
         at: time(0),
     }
