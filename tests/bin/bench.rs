@@ -6,6 +6,10 @@
 //!    RabbitMQ, Redis, S3, a worker, a worktree, a container), minus the container's own time.
 //!
 //! Usage: fleet-bench [--jobs N] [--cycles N]   (services from scripts/provision.sh)
+//!        fleet-bench batch [--n N] [--slots S]  (batches: `bench_batch.rs`)
+
+#[path = "bench_batch.rs"]
+mod bench_batch;
 
 use fleet_tests::stack::{make_calc_repo, workspace_root, Stack};
 use std::process::Command;
@@ -44,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         Some("fanout") => return fanout().await,
         Some("hybrid") => return hybrid().await,
         Some("mutation") => return mutation().await,
+        Some("batch") => return bench_batch::run(arg("--n", 1000), arg("--slots", 32)).await,
         _ => {}
     }
     let cycles = arg("--cycles", 20);
