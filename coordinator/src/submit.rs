@@ -146,11 +146,10 @@ pub async fn submit_as(
     }
 
     let graph_ref = format!("graphs/{graph_hash}.json");
-    coord.blobs.put_json(&graph_ref, &bundle).await?;
+    let bundle_bytes = serde_json::to_vec(&bundle).expect("a bundle serializes");
+    coord.put_content_once(&graph_ref, bundle_bytes).await?;
     let pack_key = format!("packs/{}.pack", sha256_hex(&packed.pack));
-    if !coord.blobs.exists(&pack_key).await? {
-        coord.blobs.put(&pack_key, packed.pack).await?;
-    }
+    coord.put_content_once(&pack_key, packed.pack).await?;
     let repo = RepoSnapshot {
         url: req.repo.clone(),
         base_commit: packed.commit,

@@ -22,6 +22,29 @@ use tracing::{info, warn};
 /// (a run finishing here wakes it at once: `Coordinator::batch_wake`).
 const TICK: Duration = Duration::from_millis(500);
 
+/// A running batch's state is mirrored to object storage at most this often (always when it
+/// finishes); the run store holds every commit.
+const MIRROR_EVERY: Duration = Duration::from_secs(2);
+
+/// When this coordinator last mirrored each batch's state.
+type Mirrored = HashMap<BatchId, std::time::Instant>;
+
+/// Whether this coordinator should mirror the batch's state now (and notes that it does).
+fn mirror_due(last: &mut Mirrored, id: &BatchId, finished: bool) -> bool {
+    let now = std::time::Instant::now();
+    if finished {
+        last.remove(id);
+        return true;
+    }
+    match last.get(id) {
+        Some(at) if now.duration_since(*at) < MIRROR_EVERY => false,
+        _ => {
+            last.insert(id.clone(), now);
+            true
+        }
+    }
+}
+
 /// Compare-and-set attempts of one batch per tick.
 const CAS_TRIES: usize = 5;
 
@@ -53,6 +76,7 @@ async fn load(coord: &Coordinator, id: &BatchId) -> Result<Loaded, DriverError> 
 
 pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
     let mut requests: HashMap<BatchId, Arc<Loaded>> = HashMap::new();
+    let mut mirrored = Mirrored::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -68,6 +92,7 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
             }
         };
         requests.retain(|id, _| active.contains(id));
+        mirrored.retain(|id, _| active.contains(id));
         // First every batch settles its ended runs, so the slots they held are seen free...
         let mut settled = Vec::with_capacity(active.len());
         for id in active {
@@ -85,7 +110,7 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
                     }
                 },
             };
-            match tick(&coord, &id, &loaded, 0).await {
+            match tick(&coord, &id, &loaded, 0, &mut mirrored).await {
                 Ok(Some(state)) => settled.push((state, loaded)),
                 Ok(None) => {}
                 Err(e) => warn!(batch = %id, error = %e, "batch tick failed; retrying next tick"),
@@ -101,7 +126,7 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
             if n == 0 {
                 continue;
             }
-            if let Err(e) = tick(&coord, &state.batch_id, &loaded, n).await {
+            if let Err(e) = tick(&coord, &state.batch_id, &loaded, n, &mut mirrored).await {
                 warn!(batch = %state.batch_id, error = %e, "batch tick failed; retrying next tick");
             }
         }
@@ -134,6 +159,7 @@ async fn tick(
     id: &BatchId,
     loaded: &Loaded,
     max_new: usize,
+    mirrored: &mut Mirrored,
 ) -> Result<Option<BatchState>, DriverError> {
     for _ in 0..CAS_TRIES {
         let Some((mut state, version)) = coord.store.load_batch(id).await? else {
@@ -144,8 +170,10 @@ async fn tick(
         }
         match coord.store.commit_batch(&state, version).await? {
             CasOutcome::Committed => {
-                if let Err(e) = coord.blobs.put_json(&state_key(id), &state).await {
-                    warn!(batch = %id, error = %e, "cannot mirror the batch's state");
+                if mirror_due(mirrored, id, state.is_finished()) {
+                    if let Err(e) = coord.blobs.put_json(&state_key(id), &state).await {
+                        warn!(batch = %id, error = %e, "cannot mirror the batch's state");
+                    }
                 }
                 if state.is_finished() {
                     let c = state.counts();

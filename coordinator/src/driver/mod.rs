@@ -74,6 +74,9 @@ pub struct Coordinator {
     mirrored: Mutex<HashMap<RunId, u64>>,
     /// Where the times of events (and so of run states) come from; also the deadlines'.
     pub clock: Arc<dyn Clock>,
+    /// Content-addressed keys this coordinator knows to be stored (graph bundles, packs): a
+    /// submission does not store them again. A bound, not an LRU.
+    stored: Mutex<std::collections::HashSet<String>>,
     /// Rung when a run finishes here, so the batch driver settles it and starts the next
     /// item at once rather than at its next tick.
     pub batch_wake: Notify,
@@ -100,6 +103,8 @@ pub fn unique_id() -> String {
 
 /// Graph bundles a coordinator keeps in memory at most.
 const GRAPH_CACHE_MAX: usize = 256;
+/// Content keys remembered as stored (`Coordinator::put_content_once`).
+const STORED_KEYS_MAX: usize = 4096;
 
 /// Runs of batches under way at once over the fleet unless `FLEET_BATCH_SLOTS` says otherwise.
 pub const DEFAULT_BATCH_SLOTS: usize = 32;
@@ -140,7 +145,25 @@ impl Coordinator {
             mirrored: Mutex::new(HashMap::new()),
             clock: Arc::new(SystemClock),
             batch_wake: Notify::new(),
+            stored: Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    /// Stores `bytes` under the content-addressed `key` unless this coordinator knows it is
+    /// there already (stored by it, or found by a check).
+    pub async fn put_content_once(&self, key: &str, bytes: Vec<u8>) -> Result<(), DriverError> {
+        if self.stored.lock().expect("stored keys").contains(key) {
+            return Ok(());
+        }
+        if !self.blobs.exists(key).await? {
+            self.blobs.put(key, bytes).await?;
+        }
+        let mut stored = self.stored.lock().expect("stored keys");
+        if stored.len() >= STORED_KEYS_MAX {
+            stored.clear();
+        }
+        stored.insert(key.to_string());
+        Ok(())
     }
 
     /// Replaces the system clock (tests, embedders).
