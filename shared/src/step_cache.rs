@@ -13,8 +13,10 @@
 //! their graph asks (`defaults.cache_agent_steps`), and then their agent configuration (model,
 //! scripted steps, seed), context and continued conversation are in the key too.
 //!
-//! Never kept: results of infrastructure failures (`error`, `timed_out`, `dead`): a later job
-//! with the same inputs runs again. A verdict (`ok`, `failed`, `output_invalid`) is kept.
+//! Never kept: results of infrastructure failures (`error`, `timed_out`, `dead`), and results
+//! whose test runs disagreed (`output.flaky`: a rerun is exactly what a flaky verdict needs):
+//! a later job with the same inputs runs again. A verdict (`ok`, `failed`, `output_invalid`)
+//! is kept.
 
 use crate::graph::NodeKind;
 use crate::hashing::canonical_hash;
@@ -135,7 +137,7 @@ pub struct CacheEntry {
 impl CacheEntry {
     /// The entry of a result made under `artifact_folder`, when it may be kept.
     pub fn of(key: &str, result: &JobResult, artifact_folder: &str) -> Option<Self> {
-        if !keepable(result.status) {
+        if !keepable(result.status) || result.output["flaky"] == Value::Bool(true) {
             return None;
         }
         Some(CacheEntry {
@@ -383,6 +385,15 @@ mod tests {
             assert!(e.usable_for("k"));
             assert!(!e.usable_for("other"));
         }
+    }
+
+    #[test]
+    fn a_flaky_verdict_is_never_kept() {
+        let mut r = result(JobStatus::Failed, &[]);
+        r.output = json!({"flaky": true, "flaky_tests": ["t::a"]});
+        assert!(CacheEntry::of("k", &r, "f/").is_none());
+        r.output = json!({"flaky": false});
+        assert!(CacheEntry::of("k", &r, "f/").is_some());
     }
 
     #[test]

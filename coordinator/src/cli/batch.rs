@@ -121,7 +121,7 @@ pub struct BatchReportArgs {
 }
 
 /// The dataset with relative repo paths made absolute against the dataset's folder.
-fn read_dataset(path: &Path) -> anyhow::Result<String> {
+pub(super) fn read_dataset(path: &Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the dataset `{}`", path.display()))?;
     let base = path
@@ -155,29 +155,44 @@ fn read_dataset(path: &Path) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// The agent of items without a script of their own: the scripted agent of `script` (JSON
+/// `{node: [steps]}`), else the default.
+pub(super) fn read_agent(script: Option<&Path>) -> anyhow::Result<AgentConfig> {
+    let Some(p) = script else {
+        return Ok(AgentConfig::default());
+    };
+    let text = std::fs::read_to_string(p)
+        .with_context(|| format!("cannot read the script `{}`", p.display()))?;
+    let script: BTreeMap<String, Vec<ScriptStep>> = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("script `{}` is malformed: {e}", p.display()))?;
+    Ok(AgentConfig::Scripted { script })
+}
+
+/// `key=value` labels.
+pub(super) fn parse_labels(labels: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    labels
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow!("label `{l}`: write key=value"))
+        })
+        .collect()
+}
+
+/// The run options every item's run gets (factory graphs: attempts per item).
+pub(super) fn graph_options(max_attempts: Option<u32>) -> serde_json::Value {
+    match max_attempts {
+        Some(n) => json!({"max_attempts": n}),
+        None => json!({}),
+    }
+}
+
 impl BatchSubmitArgs {
     fn request(&self) -> anyhow::Result<BatchRequest> {
-        let agent = match &self.script {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("cannot read the script `{}`", p.display()))?;
-                let script: BTreeMap<String, Vec<ScriptStep>> = serde_json::from_str(&text)
-                    .map_err(|e| anyhow!("script `{}` is malformed: {e}", p.display()))?;
-                AgentConfig::Scripted { script }
-            }
-            None => AgentConfig::default(),
-        };
-        let mut labels = BTreeMap::new();
-        for l in &self.labels {
-            let (k, v) = l
-                .split_once('=')
-                .ok_or_else(|| anyhow!("label `{l}`: write key=value"))?;
-            labels.insert(k.to_string(), v.to_string());
-        }
-        let options = match self.max_attempts {
-            Some(n) => json!({"max_attempts": n}),
-            None => json!({}),
-        };
+        let agent = read_agent(self.script.as_deref())?;
+        let labels = parse_labels(&self.labels)?;
+        let options = graph_options(self.max_attempts);
         Ok(BatchRequest {
             graph: load_graph(&self.graph)?,
             dataset: read_dataset(&self.dataset)?,

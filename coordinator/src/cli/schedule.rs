@@ -6,16 +6,15 @@
 //! once, with the schedule.
 
 use super::args::ServerArg;
+use super::batch::{graph_options, parse_labels, read_agent, read_dataset};
 use super::graph_tools::load_graph;
 use super::{Client, Out};
 use crate::schedules::{ScheduleRequest, WebhookRequest};
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use shared::batch::BatchSpec;
-use shared::messages::{AgentConfig, ScriptStep};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum ScheduleCmd {
@@ -80,52 +79,10 @@ pub struct ScheduleAddArgs {
     pub server: ServerArg,
 }
 
-/// The dataset with relative repo paths made absolute against the dataset's folder.
-fn read_dataset(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the dataset `{}`", path.display()))?;
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let base = folder.canonicalize()?;
-    let mut out = String::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut item: Value = serde_json::from_str(line)
-            .map_err(|e| anyhow!("{}:{}: not JSON: {e}", path.display(), i + 1))?;
-        if let Some(repo) = item.get("repo").and_then(Value::as_str) {
-            if Path::new(repo).is_relative() {
-                item["repo"] = json!(base.join(repo).display().to_string());
-            }
-        }
-        out.push_str(&serde_json::to_string(&item)?);
-        out.push('\n');
-    }
-    Ok(out)
-}
-
 impl ScheduleAddArgs {
     fn request(&self) -> anyhow::Result<ScheduleRequest> {
-        let agent = match &self.script {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("cannot read the script `{}`", p.display()))?;
-                let script: BTreeMap<String, Vec<ScriptStep>> = serde_json::from_str(&text)
-                    .map_err(|e| anyhow!("script `{}` is malformed: {e}", p.display()))?;
-                AgentConfig::Scripted { script }
-            }
-            None => AgentConfig::default(),
-        };
-        let mut labels = BTreeMap::new();
-        for l in &self.labels {
-            let (k, v) = l
-                .split_once('=')
-                .ok_or_else(|| anyhow!("label `{l}`: write key=value"))?;
-            labels.insert(k.to_string(), v.to_string());
-        }
+        let agent = read_agent(self.script.as_deref())?;
+        let labels = parse_labels(&self.labels)?;
         // Read as the API reads it, so fields a spec gains later take their defaults.
         let spec: BatchSpec = serde_json::from_value(json!({
             "trials": self.trials,
@@ -154,10 +111,7 @@ impl ScheduleAddArgs {
             graph: load_graph(&self.graph)?,
             dataset: read_dataset(&self.dataset)?,
             agent,
-            options: match self.max_attempts {
-                Some(n) => json!({"max_attempts": n}),
-                None => json!({}),
-            },
+            options: graph_options(self.max_attempts),
             spec,
             webhook,
         })
