@@ -33,18 +33,6 @@ fn dataset(dir: &Path, repo: &str) -> anyhow::Result<std::path::PathBuf> {
     Ok(path)
 }
 
-async fn wait_batch(stack: &Stack, id: &str, timeout: Duration) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let v = stack.get(&format!("/v1/batches/{id}")).await?;
-        if v["batch"]["finished_at"].is_string() {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "batch {id} not finished: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 fn item<'a>(report: &'a Value, id: &str) -> &'a Value {
     report["items"]
         .as_array()
@@ -94,7 +82,7 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
     let victim = stack.worker_ids()[0].clone();
     stack.kill_worker(&victim)?;
 
-    let v = wait_batch(&stack, &id, Duration::from_secs(300)).await?;
+    let v = stack.wait_batch(&id, Duration::from_secs(300)).await?;
     let c = &v["counts"];
     assert_eq!(
         (
@@ -205,7 +193,9 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
     assert_eq!(rerun.code, 0, "{}", rerun.stderr);
     let rerun_id = rerun.stdout.trim().to_string();
     assert_ne!(rerun_id, id);
-    let v2 = wait_batch(&stack, &rerun_id, Duration::from_secs(120)).await?;
+    let v2 = stack
+        .wait_batch(&rerun_id, Duration::from_secs(120))
+        .await?;
     assert_eq!(v2["counts"]["total"], 1, "{v2}");
     assert_eq!(v2["counts"]["errored"], 1, "{v2}");
     assert_eq!(v2["batch"]["items"][0]["item_id"], "norepo");
@@ -329,10 +319,10 @@ async fn a_small_batch_submitted_after_a_big_one_gets_its_fair_share_at_once() -
         big_left >= 6,
         "the small batch ended only when the big one had {big_left} of 12 items left"
     );
-    let s = wait_batch(&stack, &small_id, Duration::from_secs(10)).await?;
+    let s = stack.wait_batch(&small_id, Duration::from_secs(10)).await?;
     assert_eq!(s["counts"]["passed"], 2, "{s}");
     assert_eq!(s["progress"]["pass_rate"], 1.0, "{s}");
-    let b = wait_batch(&stack, &big_id, Duration::from_secs(300)).await?;
+    let b = stack.wait_batch(&big_id, Duration::from_secs(300)).await?;
     assert_eq!(b["counts"]["passed"], 12, "{b}");
     assert!(b["progress"]["eta_seconds"].is_null(), "{b}");
     // The big batch's weight makes no difference to the verdicts, only to its share.

@@ -4,7 +4,7 @@
 //! `worker::blobs` over object_store's in-memory store). Every case uses a namespace of its
 //! own.
 
-use fleet_tests::stack::{unique_namespace, AMQP_URL, REDIS_URL, S3_ENDPOINT};
+use fleet_tests::stack::{unique_namespace, AMQP_URL, REDIS_URL};
 
 mod run_store_on_redis {
     use super::*;
@@ -138,21 +138,8 @@ mod blobs_on_s3 {
 
     /// Blobs in the `fleet` bucket of the local S3 (moto), under a namespace of its own.
     fn open() -> impl Fn(&str) -> Blobs {
-        // The S3 adapter reads its endpoint and credentials from the environment; set once
-        // per test binary (nothing else in it reads them).
-        static ENV: std::sync::Once = std::sync::Once::new();
-        ENV.call_once(|| {
-            for (k, v) in [
-                ("AWS_ENDPOINT_URL", S3_ENDPOINT),
-                ("AWS_ACCESS_KEY_ID", "test"),
-                ("AWS_SECRET_ACCESS_KEY", "test"),
-                ("AWS_REGION", "us-east-1"),
-            ] {
-                std::env::set_var(k, v);
-            }
-        });
         let base = unique_namespace("conf-blobs");
-        move |ns: &str| Blobs::open("s3://fleet", &format!("{base}/{ns}")).expect("s3 store")
+        move |ns: &str| fleet_tests::stack::s3_blobs(&format!("{base}/{ns}"))
     }
 
     blob_cases!(open());

@@ -65,18 +65,6 @@ fn item<'a>(report: &'a Value, id: &str) -> &'a Value {
         .unwrap_or(&Value::Null)
 }
 
-async fn wait_batch(stack: &Stack, id: &str, timeout: Duration) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let v = stack.get(&format!("/v1/batches/{id}")).await?;
-        if v["batch"]["finished_at"].is_string() {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "batch {id} not finished: {v}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// Every visit of `node` in the run, in order.
 async fn visits(stack: &Stack, run: &str, node: &str) -> anyhow::Result<Vec<u32>> {
     let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
@@ -122,7 +110,7 @@ async fn a_test_that_passes_every_other_run_is_reported_flaky_and_decides_no_ver
     anyhow::ensure!(out.code == 0, "batch submit failed: {}", out.stderr);
     let id = out.stdout.trim().to_string();
     let started = Instant::now();
-    let v = wait_batch(&stack, &id, Duration::from_secs(600)).await?;
+    let v = stack.wait_batch(&id, Duration::from_secs(600)).await?;
     eprintln!("batch {id} took {:?}", started.elapsed());
     let c = &v["counts"];
     assert_eq!(

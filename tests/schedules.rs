@@ -14,8 +14,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use fleet_tests::stack::{
-    base_env, example, fleet_bin, make_calc_repo, run_cli, CliOutput, Stack, StackConfig,
-    S3_ENDPOINT,
+    base_env, example, fleet_bin, make_calc_repo, run_cli, s3_blobs, CliOutput, Stack, StackConfig,
 };
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
@@ -344,22 +343,6 @@ fn assert_signed(h: &HeaderMap, body: &[u8]) {
     assert_eq!(header(h, "x-fleet-signature"), expected);
 }
 
-/// The object store of the stack's namespace, read directly.
-fn blobs(ns: &str) -> worker::blobs::Blobs {
-    static ENV: std::sync::Once = std::sync::Once::new();
-    ENV.call_once(|| {
-        for (k, v) in [
-            ("AWS_ENDPOINT_URL", S3_ENDPOINT),
-            ("AWS_ACCESS_KEY_ID", "test"),
-            ("AWS_SECRET_ACCESS_KEY", "test"),
-            ("AWS_REGION", "us-east-1"),
-        ] {
-            std::env::set_var(k, v);
-        }
-    });
-    worker::blobs::Blobs::open("s3://fleet", ns).expect("s3 store")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_morning_report_reaches_the_webhook_once_signed_after_a_retry() -> anyhow::Result<()> {
     let received: Received = Arc::default();
@@ -483,7 +466,7 @@ async fn the_morning_report_reaches_the_webhook_once_signed_after_a_retry() -> a
     assert_eq!(body["comparison"]["after"], second.as_str());
     assert_eq!(body["comparison"]["unchanged"], 1, "{body:#}");
     // In object storage, as the body names them, and through the API.
-    let store = blobs(&stack.ns);
+    let store = s3_blobs(&stack.ns);
     let folder = format!("schedules/morning/{second}/");
     let report: Value = store.get_json(&format!("{folder}report.json")).await?;
     assert_eq!(report, body["report"]);

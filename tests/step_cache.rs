@@ -28,18 +28,6 @@ fn dataset(dir: &Path, repo: &str) -> anyhow::Result<String> {
     Ok(path.display().to_string())
 }
 
-async fn wait_batch(stack: &Stack, id: &str) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let v = stack.get(&format!("/v1/batches/{id}")).await?;
-        if v["batch"]["finished_at"].is_string() {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "batch {id} not finished: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Item id → (verdict, run id).
 fn verdicts(batch: &Value) -> BTreeMap<String, (String, String)> {
     batch["batch"]["items"]
@@ -79,7 +67,7 @@ async fn rerun_all(stack: &Stack, id: &str) -> anyhow::Result<(String, Value, f6
     let out = stack.cli(&["batch", "rerun", id, "--all"])?;
     anyhow::ensure!(out.code == 0, "rerun failed: {}", out.stderr);
     let rerun = out.stdout.trim().to_string();
-    let v = wait_batch(stack, &rerun).await?;
+    let v = stack.wait_batch(&rerun, Duration::from_secs(300)).await?;
     Ok((rerun, v, started.elapsed().as_secs_f64()))
 }
 
@@ -93,7 +81,9 @@ async fn an_unchanged_rerun_reuses_every_harness_step_and_a_tampered_cache_is_ne
     let out = stack.cli(&["batch", "submit", &data, "--max-attempts", "1"])?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     let first_id = out.stdout.trim().to_string();
-    let first = wait_batch(&stack, &first_id).await?;
+    let first = stack
+        .wait_batch(&first_id, Duration::from_secs(300))
+        .await?;
     let first_wall = started.elapsed().as_secs_f64();
     let first_verdicts = verdicts(&first);
     assert_eq!(first_verdicts["gold1"].0, "PASS", "{first}");

@@ -51,18 +51,6 @@ fn write_lines(path: &Path, items: &[Value]) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_batch(stack: &Stack, id: &str, timeout: Duration) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let v = stack.get(&format!("/v1/batches/{id}")).await?;
-        if v["batch"]["finished_at"].is_string() {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "batch {id} not finished: {v}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// The named tests of a run's PO, from its `tests_result.json`: node id → outcome.
 async fn outcomes(stack: &Stack, run: &str) -> anyhow::Result<BTreeMap<String, String>> {
     let judged = stack
@@ -154,7 +142,7 @@ async fn a_batch_over_the_real_package_dataset_gives_every_item_its_expected_ver
     ])?;
     anyhow::ensure!(submitted.code == 0, "submit: {}", submitted.stderr);
     let id = submitted.stdout.trim().to_string();
-    let v = wait_batch(&stack, &id, Duration::from_secs(600)).await?;
+    let v = stack.wait_batch(&id, Duration::from_secs(600)).await?;
     eprintln!(
         "batch of {} items finished in {:.1}s",
         items.len(),
@@ -261,7 +249,7 @@ async fn a_batch_over_the_real_package_dataset_gives_every_item_its_expected_ver
     let rerun = stack.cli(&["batch", "rerun", &id, "--errored"])?;
     anyhow::ensure!(rerun.code == 0, "rerun: {}", rerun.stderr);
     let again = rerun.stdout.trim().to_string();
-    let v = wait_batch(&stack, &again, Duration::from_secs(300)).await?;
+    let v = stack.wait_batch(&again, Duration::from_secs(300)).await?;
     assert_eq!(
         (
             v["counts"]["total"].as_u64(),

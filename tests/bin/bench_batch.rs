@@ -24,22 +24,6 @@ fn rss_mib(pid: Option<u32>) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-async fn wait_batch(stack: &Stack, id: &str, timeout: Duration) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let v = stack.get(&format!("/v1/batches/{id}")).await?;
-        if v["batch"]["finished_at"].is_string() {
-            return Ok(v);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "batch {id} not finished: {}",
-            v["counts"]
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn submit(stack: &Stack, args: &[&str]) -> anyhow::Result<String> {
     let out = stack.cli(args)?;
     anyhow::ensure!(out.code == 0, "{args:?} failed: {}", out.stderr);
@@ -91,7 +75,7 @@ pub async fn run(n: usize, slots: usize) -> anyhow::Result<()> {
                 &slots_s,
             ],
         )?;
-        let v = wait_batch(&stack, &id, Duration::from_secs(1800)).await?;
+        let v = stack.wait_batch(&id, Duration::from_secs(1800)).await?;
         let secs = t.elapsed().as_secs_f64();
         anyhow::ensure!(v["counts"]["passed"] == n, "{}", v["counts"]);
         let rate = n as f64 / secs;
@@ -156,11 +140,11 @@ pub async fn run(n: usize, slots: usize) -> anyhow::Result<()> {
             "1",
         ],
     )?;
-    wait_batch(&stack, &first, Duration::from_secs(900)).await?;
+    stack.wait_batch(&first, Duration::from_secs(900)).await?;
     let first_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let again = submit(&stack, &["batch", "rerun", &first, "--all"])?;
-    wait_batch(&stack, &again, Duration::from_secs(900)).await?;
+    stack.wait_batch(&again, Duration::from_secs(900)).await?;
     let again_secs = t.elapsed().as_secs_f64();
     let report = stack.get(&format!("/v1/batches/{again}/report")).await?;
     let first_report = stack.get(&format!("/v1/batches/{first}/report")).await?;

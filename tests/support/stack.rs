@@ -249,6 +249,24 @@ impl Stack {
         }
     }
 
+    /// Waits until batch `id` has finished (polling its view every 200 ms); the view.
+    pub async fn wait_batch(&self, id: &str, timeout: Duration) -> anyhow::Result<Value> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let v = self.get(&format!("/v1/batches/{id}")).await?;
+            if v["batch"]["finished_at"].is_string() {
+                return Ok(v);
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "batch {id} not finished after {}s: {}",
+                timeout.as_secs(),
+                v["counts"]
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// The process id of the first coordinator, while it runs.
     pub fn coordinator_pid(&self) -> Option<u32> {
         self.coordinator.child.as_ref().map(|c| c.id())

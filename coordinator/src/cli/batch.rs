@@ -37,13 +37,9 @@ pub enum BatchCmd {
     Report(BatchReportArgs),
 }
 
+/// How a batch's items run: shared by `fleet batch submit` and `fleet schedule add`.
 #[derive(Args)]
-pub struct BatchSubmitArgs {
-    /// The dataset: one JSON object per line (`id`, `repo`, `ref`, `input` or `work_order`,
-    /// `script`); relative repo paths are read from the dataset file's folder.
-    pub dataset: PathBuf,
-    #[arg(long, default_value = "graphs/factory/graph.yaml")]
-    pub graph: PathBuf,
+pub struct BatchRunArgs {
     /// Scripted agent of items without a script of their own: JSON {node: [steps]}.
     #[arg(long)]
     pub script: Option<PathBuf>,
@@ -66,6 +62,43 @@ pub struct BatchSubmitArgs {
     /// Factory graphs: attempts per item.
     #[arg(long)]
     pub max_attempts: Option<u32>,
+}
+
+impl BatchRunArgs {
+    /// The agent of items without a script of their own.
+    pub(super) fn agent(&self) -> anyhow::Result<AgentConfig> {
+        read_agent(self.script.as_deref())
+    }
+
+    /// The batch's spec with `labels` added to the given ones.
+    pub(super) fn spec(&self) -> anyhow::Result<BatchSpec> {
+        Ok(BatchSpec {
+            trials: self.trials,
+            max_running: self.max_running,
+            max_infra_retries: self.max_infra_retries,
+            labels: parse_labels(&self.labels)?,
+            weight: self.weight,
+        })
+    }
+
+    /// The run options every item's run gets (factory graphs: attempts per item).
+    pub(super) fn options(&self) -> serde_json::Value {
+        match self.max_attempts {
+            Some(n) => json!({"max_attempts": n}),
+            None => json!({}),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct BatchSubmitArgs {
+    /// The dataset: one JSON object per line (`id`, `repo`, `ref`, `input` or `work_order`,
+    /// `script`); relative repo paths are read from the dataset file's folder.
+    pub dataset: PathBuf,
+    #[arg(long, default_value = "graphs/factory/graph.yaml")]
+    pub graph: PathBuf,
+    #[command(flatten)]
+    pub run: BatchRunArgs,
     /// Where SWE-bench lines' repositories are: `owner/name` is the git repository
     /// DIR/owner__name (a path the coordinator can open).
     #[arg(long)]
@@ -157,7 +190,7 @@ pub(super) fn read_dataset(path: &Path) -> anyhow::Result<String> {
 
 /// The agent of items without a script of their own: the scripted agent of `script` (JSON
 /// `{node: [steps]}`), else the default.
-pub(super) fn read_agent(script: Option<&Path>) -> anyhow::Result<AgentConfig> {
+fn read_agent(script: Option<&Path>) -> anyhow::Result<AgentConfig> {
     let Some(p) = script else {
         return Ok(AgentConfig::default());
     };
@@ -169,7 +202,7 @@ pub(super) fn read_agent(script: Option<&Path>) -> anyhow::Result<AgentConfig> {
 }
 
 /// `key=value` labels.
-pub(super) fn parse_labels(labels: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+fn parse_labels(labels: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     labels
         .iter()
         .map(|l| {
@@ -180,31 +213,14 @@ pub(super) fn parse_labels(labels: &[String]) -> anyhow::Result<BTreeMap<String,
         .collect()
 }
 
-/// The run options every item's run gets (factory graphs: attempts per item).
-pub(super) fn graph_options(max_attempts: Option<u32>) -> serde_json::Value {
-    match max_attempts {
-        Some(n) => json!({"max_attempts": n}),
-        None => json!({}),
-    }
-}
-
 impl BatchSubmitArgs {
     fn request(&self) -> anyhow::Result<BatchRequest> {
-        let agent = read_agent(self.script.as_deref())?;
-        let labels = parse_labels(&self.labels)?;
-        let options = graph_options(self.max_attempts);
         Ok(BatchRequest {
             graph: load_graph(&self.graph)?,
             dataset: read_dataset(&self.dataset)?,
-            agent,
-            options,
-            spec: BatchSpec {
-                trials: self.trials,
-                max_running: self.max_running,
-                max_infra_retries: self.max_infra_retries,
-                labels,
-                weight: self.weight,
-            },
+            agent: self.run.agent()?,
+            options: self.run.options(),
+            spec: self.run.spec()?,
             mirror_dir: match &self.mirror_dir {
                 Some(d) => Some(
                     d.canonicalize()

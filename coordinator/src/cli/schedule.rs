@@ -6,14 +6,13 @@
 //! once, with the schedule.
 
 use super::args::ServerArg;
-use super::batch::{graph_options, parse_labels, read_agent, read_dataset};
+use super::batch::{read_dataset, BatchRunArgs};
 use super::graph_tools::load_graph;
 use super::{Client, Out};
 use crate::schedules::{ScheduleRequest, WebhookRequest};
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use shared::batch::BatchSpec;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -50,25 +49,10 @@ pub struct ScheduleAddArgs {
     pub dataset: PathBuf,
     #[arg(long, default_value = "graphs/factory/graph.yaml")]
     pub graph: PathBuf,
-    /// Scripted agent of items without a script of their own: JSON {node: [steps]}.
-    #[arg(long)]
-    pub script: Option<PathBuf>,
-    /// Runs per item.
-    #[arg(long, default_value_t = 1)]
-    pub trials: u32,
-    /// Runs of each fired batch at once.
-    #[arg(long, default_value_t = 8)]
-    pub max_running: u32,
-    /// New runs of an item after infrastructure errors.
-    #[arg(long, default_value_t = 2)]
-    pub max_infra_retries: u32,
-    /// Labels of every fired batch, `key=value` (repeatable; `schedule` and `scheduled_for`
-    /// are set by the schedule).
-    #[arg(long = "label")]
-    pub labels: Vec<String>,
-    /// Factory graphs: attempts per item.
-    #[arg(long)]
-    pub max_attempts: Option<u32>,
+    /// How each fired batch runs (`schedule` and `scheduled_for` labels are set by the
+    /// schedule).
+    #[command(flatten)]
+    pub run: BatchRunArgs,
     /// Where each finished firing's report is POSTed (http or https).
     #[arg(long, requires = "webhook_secret_env")]
     pub webhook: Option<String>,
@@ -81,15 +65,6 @@ pub struct ScheduleAddArgs {
 
 impl ScheduleAddArgs {
     fn request(&self) -> anyhow::Result<ScheduleRequest> {
-        let agent = read_agent(self.script.as_deref())?;
-        let labels = parse_labels(&self.labels)?;
-        // Read as the API reads it, so fields a spec gains later take their defaults.
-        let spec: BatchSpec = serde_json::from_value(json!({
-            "trials": self.trials,
-            "max_running": self.max_running,
-            "max_infra_retries": self.max_infra_retries,
-            "labels": labels,
-        }))?;
         let webhook = match (&self.webhook, &self.webhook_secret_env) {
             (Some(url), Some(var)) => {
                 let secret = std::env::var(var)
@@ -110,9 +85,9 @@ impl ScheduleAddArgs {
             cron: self.cron.clone(),
             graph: load_graph(&self.graph)?,
             dataset: read_dataset(&self.dataset)?,
-            agent,
-            options: graph_options(self.max_attempts),
-            spec,
+            agent: self.run.agent()?,
+            options: self.run.options(),
+            spec: self.run.spec()?,
             webhook,
         })
     }
