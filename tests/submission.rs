@@ -2,7 +2,8 @@
 //! runs (an edited graph is a new run, the same submission the same run, an id claimed with
 //! other contents is refused), artifacts are served only for their own run, templates are
 //! evaluated within bounds (a doubling string is refused or fails its run cleanly, and the
-//! coordinator serves on), and a script that cannot drive the graph is refused at submit.
+//! coordinator serves on), a script that cannot drive the graph is refused at submit, and a
+//! remembered repository pack never skips the clean-tree preflight nor outlives its commit.
 
 use fleet_tests::stack::{example, make_calc_repo, workspace_root, Stack};
 use serde_json::{json, Value};
@@ -395,5 +396,70 @@ async fn a_script_that_cannot_drive_the_graph_is_refused_at_submit() -> anyhow::
     }
     let runs = stack.get("/v1/runs").await?;
     assert_eq!(runs, json!([]), "nothing was created");
+    Ok(())
+}
+
+fn git(repo: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_is_checked_clean_every_time_and_packed_again_when_its_commit_moves(
+) -> anyhow::Result<()> {
+    // The coordinator remembers the pack of a repository's commit (a batch's runs share it):
+    // the clean-tree preflight still runs on every submission, and a new commit is a new pack.
+    let stack = Stack::start("subrepo", 0, &[]).await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let graph = copy_factory_graph(stack.dir.path())?;
+    let pass = example("factory-calc/script-pass.json");
+    let first = cli_submit(&stack, &graph, &repo, &pass)?;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let run_a = first.stdout.trim().to_string();
+    let head_a = git(&repo, &["rev-parse", "HEAD"])?;
+    let view = stack.get(&format!("/v1/runs/{run_a}")).await?;
+    assert_eq!(view["repo"]["base_commit"], head_a.as_str(), "{view}");
+
+    // Dirty after a remembered pack: still refused.
+    std::fs::write(format!("{repo}/stray.txt"), "x")?;
+    let dirty = cli_submit(&stack, &graph, &repo, &pass)?;
+    assert_ne!(dirty.code, 0);
+    assert!(
+        dirty.stderr.contains("not clean") && dirty.stderr.contains("stray.txt"),
+        "{}",
+        dirty.stderr
+    );
+
+    // Committed: a new commit, a new run on it (never the remembered pack of the old one).
+    git(&repo, &["add", "stray.txt"])?;
+    git(
+        &repo,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "stray",
+        ],
+    )?;
+    let head_b = git(&repo, &["rev-parse", "HEAD"])?;
+    assert_ne!(head_a, head_b);
+    let second = cli_submit(&stack, &graph, &repo, &pass)?;
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    let run_b = second.stdout.trim().to_string();
+    assert_ne!(run_a, run_b);
+    let view = stack.get(&format!("/v1/runs/{run_b}")).await?;
+    assert_eq!(view["repo"]["base_commit"], head_b.as_str(), "{view}");
     Ok(())
 }

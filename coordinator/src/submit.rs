@@ -15,7 +15,7 @@ use shared::messages::{AgentConfig, RepoSnapshot, ScriptStep};
 use std::collections::BTreeMap;
 use std::path::Path;
 use thiserror::Error;
-use worker::git::{pack_repository, GitError};
+use worker::git::{pack_commit, resolve_clean, GitError};
 
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +65,51 @@ impl From<GitError> for SubmitError {
     }
 }
 
+/// A repository at a ref as a run starts from it: the commit, its pack's key and the seed's
+/// tree hash, and the pack's bytes when they are not known to be stored yet.
+struct Snapshot {
+    commit: String,
+    pack_key: String,
+    tree_hash: String,
+    pack: Option<Vec<u8>>,
+}
+
+/// The clean-tree preflight and the commit of `git_ref` every time; the pack and the tree
+/// hash from the coordinator's memory when this repository's commit was packed before (a
+/// batch's items share their repositories), else packed now.
+async fn snapshot(coord: &Coordinator, repo: &str, git_ref: &str) -> Result<Snapshot, DriverError> {
+    let (path, refname) = (Path::new(repo).to_path_buf(), git_ref.to_string());
+    let commit = blocking_git(move || resolve_clean(&path, &refname)).await?;
+    if let Some((pack_key, tree_hash)) = coord.known_snapshot(repo, &commit) {
+        return Ok(Snapshot {
+            commit,
+            pack_key,
+            tree_hash,
+            pack: None,
+        });
+    }
+    let path = Path::new(repo).to_path_buf();
+    let packed = blocking_git(move || pack_commit(&path, &commit)).await?;
+    let tree_hash =
+        shared::factory::tree_hash(packed.files.iter().map(|(p, b)| (p.as_str(), b.as_slice())));
+    Ok(Snapshot {
+        commit: packed.commit,
+        pack_key: format!("packs/{}.pack", sha256_hex(&packed.pack)),
+        tree_hash,
+        pack: Some(packed.pack),
+    })
+}
+
+/// `f` (libgit2 work) on the blocking pool; its error a preflight error of the submission.
+async fn blocking_git<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, GitError> + Send + 'static,
+) -> Result<T, SubmitError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| SubmitError::Preflight(e.to_string()))?
+        .map_err(SubmitError::from)
+}
+
 /// Validates a submission and creates the run under its derived id. Nothing is stored or
 /// enqueued unless every check passed.
 pub async fn submit(
@@ -101,14 +146,8 @@ pub async fn submit_as(
         shared::schema::validate(&schema, &req.input)
             .map_err(|e| SubmitError::Input(e.replace("output breaks", "input breaks")))?;
     }
-    let repo_path = Path::new(&req.repo).to_path_buf();
-    let git_ref = req.git_ref.clone();
-    let packed = tokio::task::spawn_blocking(move || pack_repository(&repo_path, &git_ref))
-        .await
-        .map_err(|e| SubmitError::Preflight(e.to_string()))?
-        .map_err(SubmitError::from)?;
-    let tree_hash =
-        shared::factory::tree_hash(packed.files.iter().map(|(p, b)| (p.as_str(), b.as_slice())));
+    let packed = snapshot(coord, &req.repo, &req.git_ref).await?;
+    let tree_hash = packed.tree_hash.clone();
 
     let graph_hash = bundle.hash();
     let identity = RunIdentity {
@@ -148,12 +187,18 @@ pub async fn submit_as(
     let graph_ref = format!("graphs/{graph_hash}.json");
     let bundle_bytes = serde_json::to_vec(&bundle).expect("a bundle serializes");
     coord.put_content_once(&graph_ref, bundle_bytes).await?;
-    let pack_key = format!("packs/{}.pack", sha256_hex(&packed.pack));
-    coord.put_content_once(&pack_key, packed.pack).await?;
+    if let Some(pack) = packed.pack {
+        coord.put_content_once(&packed.pack_key, pack).await?;
+        coord.remember_snapshot(
+            &req.repo,
+            &packed.commit,
+            (packed.pack_key.clone(), tree_hash.clone()),
+        );
+    }
     let repo = RepoSnapshot {
         url: req.repo.clone(),
         base_commit: packed.commit,
-        packs: vec![pack_key],
+        packs: vec![packed.pack_key],
     };
     let state = RunState::new(
         shared::engine::NewRun {

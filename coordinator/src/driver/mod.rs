@@ -77,6 +77,9 @@ pub struct Coordinator {
     /// Content-addressed keys this coordinator knows to be stored (graph bundles, packs): a
     /// submission does not store them again. A bound, not an LRU.
     stored: Mutex<std::collections::HashSet<String>>,
+    /// (repository, commit) → (pack key, tree hash) of repositories this coordinator packed
+    /// and stored: a batch's runs of one repository pack it once. A bound, not an LRU.
+    snapshots: Mutex<HashMap<(String, String), (String, String)>>,
     /// Rung when a run finishes here, so the batch driver settles it and starts the next
     /// item at once rather than at its next tick.
     pub batch_wake: Notify,
@@ -103,6 +106,8 @@ pub fn unique_id() -> String {
 
 /// Graph bundles a coordinator keeps in memory at most.
 const GRAPH_CACHE_MAX: usize = 256;
+/// Repository snapshots remembered (`Coordinator::known_snapshot`).
+const SNAPSHOTS_MAX: usize = 64;
 /// Content keys remembered as stored (`Coordinator::put_content_once`).
 const STORED_KEYS_MAX: usize = 4096;
 
@@ -146,6 +151,7 @@ impl Coordinator {
             clock: Arc::new(SystemClock),
             batch_wake: Notify::new(),
             stored: Mutex::new(std::collections::HashSet::new()),
+            snapshots: Mutex::new(HashMap::new()),
         }
     }
 
@@ -164,6 +170,24 @@ impl Coordinator {
         }
         stored.insert(key.to_string());
         Ok(())
+    }
+
+    /// The pack key and tree hash of `repo` at `commit`, when this coordinator stored them.
+    pub fn known_snapshot(&self, repo: &str, commit: &str) -> Option<(String, String)> {
+        self.snapshots
+            .lock()
+            .expect("snapshots")
+            .get(&(repo.to_string(), commit.to_string()))
+            .cloned()
+    }
+
+    /// Notes that `repo` at `commit` is stored as the pack `known.0` with tree hash `known.1`.
+    pub fn remember_snapshot(&self, repo: &str, commit: &str, known: (String, String)) {
+        let mut snapshots = self.snapshots.lock().expect("snapshots");
+        if snapshots.len() >= SNAPSHOTS_MAX {
+            snapshots.clear();
+        }
+        snapshots.insert((repo.to_string(), commit.to_string()), known);
     }
 
     /// Replaces the system clock (tests, embedders).

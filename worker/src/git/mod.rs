@@ -20,7 +20,7 @@ mod worktree;
 
 pub use changes::patch_changes;
 pub use mirror::GitCache;
-pub use repo::{files_on_disk, pack_repository, RepoPack};
+pub use repo::{files_on_disk, pack_commit, pack_repository, resolve_clean, RepoPack};
 pub use worktree::{PickOutcome, Worktree};
 
 use crate::blobs::BlobError;

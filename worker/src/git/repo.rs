@@ -16,6 +16,12 @@ pub struct RepoPack {
 /// Opens a local repository, refuses a dirty working tree (the seed's clean-tree preflight),
 /// resolves `refname` and packs everything reachable from it.
 pub fn pack_repository(path: &Path, refname: &str) -> Result<RepoPack, GitError> {
+    let commit = resolve_clean(path, refname)?;
+    pack_commit(path, &commit)
+}
+
+/// The clean-tree preflight and the commit `refname` names (its id), without packing.
+pub fn resolve_clean(path: &Path, refname: &str) -> Result<String, GitError> {
     let repo = Repository::open(path)?;
     if !repo.is_bare() {
         let mut opts = StatusOptions::new();
@@ -35,6 +41,14 @@ pub fn pack_repository(path: &Path, refname: &str) -> Result<RepoPack, GitError>
         }
     }
     let commit = repo.revparse_single(refname)?.peel_to_commit()?;
+    Ok(commit.id().to_string())
+}
+
+/// The pack of everything reachable from `commit` and its files (no preflight: see
+/// [`resolve_clean`]).
+pub fn pack_commit(path: &Path, commit: &str) -> Result<RepoPack, GitError> {
+    let repo = Repository::open(path)?;
+    let commit = repo.find_commit(git2::Oid::from_str(commit)?)?;
     let mut walk = repo.revwalk()?;
     walk.push(commit.id())?;
     let mut pb = repo.packbuilder()?;
