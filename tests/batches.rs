@@ -95,6 +95,11 @@ async fn a_batch_gives_each_item_its_verdict_and_reports_it() -> anyhow::Result<
         "{v}"
     );
     assert_eq!(v["batch"]["spec"]["labels"]["suite"], "calc");
+    // The summary is the view without its items, for polling.
+    let summary = stack.get(&format!("/v1/batches/{id}/summary")).await?;
+    assert_eq!(summary["counts"], v["counts"], "{summary}");
+    assert_eq!(summary["progress"]["done"], 4, "{summary}");
+    assert_eq!(summary["batch"]["items"], json!([]), "{summary}");
     // Every item exactly once: one settled run each, distinct (the missing repository never
     // became a run), and only the missing repository took a second attempt.
     let items = v["batch"]["items"].as_array().cloned().unwrap_or_default();

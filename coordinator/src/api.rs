@@ -62,7 +62,7 @@ where
 /// Every route of the API, in one place: `router` serves exactly these.
 pub fn routes() -> Vec<Route> {
     use Verb::{Get, Post};
-    crate::schedules::api::and_schedule_routes(vec![
+    let mut all = vec![
         at(Get, "/healthz", healthz),
         at(Get, "/metrics", metrics),
         at(Get, "/v1/openapi.json", openapi),
@@ -77,20 +77,9 @@ pub fn routes() -> Vec<Route> {
         at(Get, "/v1/runs/:id/artifacts", list_artifacts),
         at(Get, "/v1/runs/:id/artifacts/*key", get_run_artifact),
         at(Get, "/v1/artifacts/*key", get_artifact),
-        at(Post, "/v1/batches", batches::create_batch),
-        at(Get, "/v1/batches", batches::list_batches),
-        at(Get, "/v1/batches/:id", batches::batch_status),
-        at(Post, "/v1/batches/:id/cancel", batches::cancel_batch),
-        at(Get, "/v1/batches/:id/report", batches::batch_report),
-        at(Get, "/v1/batches/:id/junit", batches::batch_junit),
-        at(Post, "/v1/batches/:id/rerun", batches::rerun_batch),
-        at(
-            Get,
-            "/v1/batches/:id/compare/:other",
-            batches::compare_batches,
-        ),
-        at(Get, "/v1/batches/:id/html", batches::batch_html),
-    ])
+    ];
+    all.extend(batches::routes());
+    crate::schedules::api::and_schedule_routes(all)
 }
 
 pub fn router(coord: Arc<Coordinator>) -> Router {

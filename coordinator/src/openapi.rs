@@ -35,6 +35,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::batches::api::create_batch,
         crate::batches::api::list_batches,
         crate::batches::api::batch_status,
+        crate::batches::api::batch_summary,
         crate::batches::api::cancel_batch,
         crate::batches::api::batch_report,
         crate::batches::api::batch_junit,

@@ -1,8 +1,8 @@
-//! The batch routes of the HTTP API (listed in `crate::api::routes`, documented in the OpenAPI
-//! document like the others).
+//! The batch routes of the HTTP API ([`routes`], served through `crate::api::routes`,
+//! documented in the OpenAPI document like the others).
 
 use super::{request_key, state_key, submit_batch, BatchRequest, BatchSubmitted};
-use crate::api::ApiError;
+use crate::api::{at, ApiError, Route, Verb};
 use crate::driver::{Coordinator, DriverError};
 use crate::submit::SubmitError;
 use axum::extract::{Path, State};
@@ -15,6 +15,23 @@ use shared::batch::{progress, BatchCounts, BatchState, Progress};
 use shared::ids::BatchId;
 use shared::ports::CasOutcome;
 use std::sync::Arc;
+
+/// The batch routes.
+pub fn routes() -> Vec<Route> {
+    use Verb::{Get, Post};
+    vec![
+        at(Post, "/v1/batches", create_batch),
+        at(Get, "/v1/batches", list_batches),
+        at(Get, "/v1/batches/:id", batch_status),
+        at(Get, "/v1/batches/:id/summary", batch_summary),
+        at(Post, "/v1/batches/:id/cancel", cancel_batch),
+        at(Get, "/v1/batches/:id/report", batch_report),
+        at(Get, "/v1/batches/:id/junit", batch_junit),
+        at(Post, "/v1/batches/:id/rerun", rerun_batch),
+        at(Get, "/v1/batches/:id/compare/:other", compare_batches),
+        at(Get, "/v1/batches/:id/html", batch_html),
+    ]
+}
 
 /// A batch and its counts (`GET /v1/batches/:id`).
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -120,6 +137,23 @@ pub async fn batch_status(
 ) -> Result<Json<BatchView>, ApiError> {
     let (batch, _) = load(&c, &id).await?;
     Ok(BatchView::of(&c, batch))
+}
+
+/// A batch's counts and progress without its items (`items` is empty): cheap enough to poll
+/// while a 10,000-item batch runs.
+#[utoipa::path(
+    get, path = "/v1/batches/{id}/summary",
+    params(("id" = String, Path, description = "the batch's id")),
+    responses((status = 200, body = BatchView), (status = 404, body = shared::http::ErrorBody))
+)]
+pub async fn batch_summary(
+    State(c): State<Arc<Coordinator>>,
+    Path(id): Path<String>,
+) -> Result<Json<BatchView>, ApiError> {
+    let (batch, _) = load(&c, &id).await?;
+    let Json(mut view) = BatchView::of(&c, batch);
+    view.batch.items = Vec::new();
+    Ok(Json(view))
 }
 
 /// Cancels a batch: queued items never start, running runs are cancelled.

@@ -294,7 +294,7 @@ async fn wait(client: &Client, id: &str, out: &mut Out) -> anyhow::Result<i32> {
     });
     let mut last = String::new();
     loop {
-        let v: Value = client.get(&format!("/v1/batches/{id}")).await?;
+        let v: Value = client.get(&format!("/v1/batches/{id}/summary")).await?;
         match &bar {
             Some(bar) => {
                 bar.set_length(v["progress"]["total"].as_u64().unwrap_or(0));
@@ -343,7 +343,7 @@ pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
         }
         BatchCmd::Status(b) => {
             let v: Value = Client::new(&b.server.server)
-                .get(&format!("/v1/batches/{}", b.batch_id))
+                .get(&format!("/v1/batches/{}/summary", b.batch_id))
                 .await?;
             out.line(counts_line(&b.batch_id, &v))?;
             Ok(0)
