@@ -7,10 +7,12 @@
 
 use super::{item_request, request_key, state_key, BatchRequest};
 use crate::driver::{Coordinator, DriverError};
+use futures::stream::{self, StreamExt};
 use shared::batch::DatasetItem;
 use shared::batch::{outcome_of, starts, BatchState, Demand, ItemOutcome, ItemState};
 use shared::engine::RunStatus;
 use shared::ids::BatchId;
+use shared::ids::RunId;
 use shared::ports::CasOutcome;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +46,9 @@ fn mirror_due(last: &mut Mirrored, id: &BatchId, finished: bool) -> bool {
         }
     }
 }
+
+/// Runs read, or created, at once by one batch's tick.
+const AT_ONCE: usize = 16;
 
 /// Compare-and-set attempts of one batch per tick.
 const CAS_TRIES: usize = 5;
@@ -196,14 +201,18 @@ async fn advance(
     max_new: usize,
 ) -> Result<bool, DriverError> {
     let mut changed = false;
-    for i in 0..state.items.len() {
-        if state.items[i].state != ItemState::Running {
-            continue;
-        }
-        let Some(run) = state.items[i].run_id.clone() else {
-            continue;
-        };
-        let run_state = match coord.load(&run).await {
+    // The running items' runs, read a few at a time (each read is a round trip to the store).
+    let running: Vec<(usize, RunId)> = state
+        .items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| item.state == ItemState::Running)
+        .filter_map(|(i, item)| item.run_id.clone().map(|run| (i, run)))
+        .collect();
+    let reads: Vec<_> = running.iter().map(|(_, run)| coord.load(run)).collect();
+    let reads: Vec<_> = stream::iter(reads).buffered(AT_ONCE).collect().await;
+    for ((i, run), read) in running.into_iter().zip(reads) {
+        let run_state = match read {
             Ok(s) => s,
             Err(DriverError::UnknownRun(_)) => {
                 let outcome = infra_outcome(format!("run `{run}` is gone from the run store"));
@@ -221,15 +230,28 @@ async fn advance(
             coord.cancel(&run).await?;
         }
     }
-    for i in state.to_start(max_new) {
-        let run_id = state.run_id_for(i);
-        let Some(item) = loaded.items.get(&state.items[i].item_id) else {
-            continue;
-        };
-        let started = match item_request(&loaded.req, item) {
-            Ok(r) => crate::submit::submit_as(coord, r, Some(run_id.to_string())).await,
-            Err(why) => Err(crate::submit::SubmitError::Input(why).into()),
-        };
+    // The items to start, their runs created a few at a time, then recorded in order.
+    let starting: Vec<(usize, RunId)> = state
+        .to_start(max_new)
+        .into_iter()
+        .filter(|&i| loaded.items.contains_key(&state.items[i].item_id))
+        .map(|i| (i, state.run_id_for(i)))
+        .collect();
+    let starts: Vec<_> = starting
+        .iter()
+        .map(|(i, run_id)| {
+            let request = item_request(&loaded.req, &loaded.items[&state.items[*i].item_id]);
+            let run_id = run_id.to_string();
+            async move {
+                match request {
+                    Ok(r) => crate::submit::submit_as(coord, r, Some(run_id)).await,
+                    Err(why) => Err(crate::submit::SubmitError::Input(why).into()),
+                }
+            }
+        })
+        .collect();
+    let starts: Vec<_> = stream::iter(starts).buffered(AT_ONCE).collect().await;
+    for ((i, _), started) in starting.into_iter().zip(starts) {
         match started {
             Ok(s) => state.started(i, s.run_id, coord.clock.now()),
             // The item cannot become a run (its repository is missing, its input breaks the
