@@ -567,6 +567,38 @@ async fn bad_schedules_are_refused_naming_what_is_wrong() -> anyhow::Result<()> 
     };
     let ok = add("ok", "0 2 * * *", &[], &[])?;
     assert_eq!(ok.code, 0, "{}", ok.stderr);
+    // A dataset read from a mirror directory: refused without one, kept with one.
+    let swe = stack.dir.path().join("swe.jsonl");
+    std::fs::write(
+        &swe,
+        "{\"id\": \"m\", \"repo\": \"owner/name\", \"mirror\": true}\n",
+    )?;
+    let swe = swe.display().to_string();
+    let base = [
+        "schedule",
+        "add",
+        "swe",
+        "--cron",
+        "0 2 * * *",
+        "--dataset",
+        swe.as_str(),
+    ];
+    let refused = cli(&stack, &base, &[])?;
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("--mirror-dir"),
+        "{}",
+        refused.stderr
+    );
+    let mirrors = stack.dir.path().display().to_string();
+    let kept = cli(
+        &stack,
+        &[&base[..], &["--mirror-dir", mirrors.as_str()]].concat(),
+        &[],
+    )?;
+    assert_eq!(kept.code, 0, "{}", kept.stderr);
+    let removed = cli(&stack, &["schedule", "remove", "swe"], &[])?;
+    assert_eq!(removed.code, 0, "{}", removed.stderr);
     let long = "n".repeat(65);
     let bad_graph = stack.dir.path().join("missing.yaml").display().to_string();
     let cases: Vec<(CliOutput, &str)> = vec![

@@ -104,7 +104,8 @@ pub async fn submit_batch_as(
     for item in &items {
         item_agent(item, &req.agent).map_err(SubmitError::Input)?;
     }
-    check_mirror_dir(&items, req.mirror_dir.as_deref()).map_err(SubmitError::Input)?;
+    shared::batch::dataset::check_mirror_dir(&items, req.mirror_dir.as_deref())
+        .map_err(SubmitError::Input)?;
     // Everything that changes what runs is in the id.
     let mut identity = json!({
         "graph": req.graph.hash(), "agent": req.agent, "options": req.options,
@@ -151,21 +152,6 @@ fn item_agent(item: &DatasetItem, base: &AgentConfig) -> Result<AgentConfig, Str
         Some(script) => serde_json::from_value::<BTreeMap<String, Vec<ScriptStep>>>(script.clone())
             .map(|script| AgentConfig::Scripted { script })
             .map_err(|e| format!("item `{}`: the script is malformed: {e}", item.id)),
-    }
-}
-
-/// A batch with items read from the mirror needs a mirror directory, given as an absolute path.
-fn check_mirror_dir(items: &[DatasetItem], dir: Option<&str>) -> Result<(), String> {
-    match (items.iter().find(|i| i.mirror), dir) {
-        (Some(item), None) => Err(format!(
-            "item `{}` names its repository `{}` as `owner/name` in a mirror directory, and the \
-             batch has none (`--mirror-dir DIR`: DIR/owner__name is the repository)",
-            item.id, item.repo
-        )),
-        (_, Some(dir)) if !Path::new(dir).is_absolute() => Err(format!(
-            "the mirror directory `{dir}` is not an absolute path"
-        )),
-        _ => Ok(()),
     }
 }
 
@@ -217,31 +203,4 @@ fn item_request(req: &BatchRequest, item: &DatasetItem) -> Result<SubmitRequest,
         git_ref: item.git_ref.clone().unwrap_or_else(|| "HEAD".into()),
         agent: item_agent(item, &req.agent)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn items(mirror: bool) -> Vec<DatasetItem> {
-        let line = if mirror {
-            r#"{"id": "a", "repo": "owner/pkg", "mirror": true}"#
-        } else {
-            r#"{"id": "a", "repo": "/repos/pkg"}"#
-        };
-        shared::batch::parse_dataset(line).expect("a dataset")
-    }
-
-    #[test]
-    fn items_read_from_the_mirror_need_an_absolute_mirror_directory() {
-        let err = check_mirror_dir(&items(true), None).unwrap_err();
-        assert!(
-            err.contains("--mirror-dir") && err.contains("owner/pkg"),
-            "{err}"
-        );
-        let err = check_mirror_dir(&items(true), Some("mirrors")).unwrap_err();
-        assert!(err.contains("not an absolute path"), "{err}");
-        assert!(check_mirror_dir(&items(true), Some("/srv/mirrors")).is_ok());
-        assert!(check_mirror_dir(&items(false), None).is_ok());
-    }
 }

@@ -62,9 +62,25 @@ pub struct BatchRunArgs {
     /// Factory graphs: attempts per item.
     #[arg(long)]
     pub max_attempts: Option<u32>,
+    /// Where SWE-bench lines' repositories are: `owner/name` is the git repository
+    /// DIR/owner__name (a path the coordinator can open).
+    #[arg(long)]
+    pub mirror_dir: Option<PathBuf>,
 }
 
 impl BatchRunArgs {
+    /// `--mirror-dir` as an absolute path (it must exist here).
+    pub(super) fn mirror_dir(&self) -> anyhow::Result<Option<String>> {
+        self.mirror_dir
+            .as_ref()
+            .map(|d| {
+                d.canonicalize()
+                    .with_context(|| format!("the mirror directory `{}`", d.display()))
+                    .map(|p| p.display().to_string())
+            })
+            .transpose()
+    }
+
     /// The agent of items without a script of their own.
     pub(super) fn agent(&self) -> anyhow::Result<AgentConfig> {
         read_agent(self.script.as_deref())
@@ -99,10 +115,6 @@ pub struct BatchSubmitArgs {
     pub graph: PathBuf,
     #[command(flatten)]
     pub run: BatchRunArgs,
-    /// Where SWE-bench lines' repositories are: `owner/name` is the git repository
-    /// DIR/owner__name (a path the coordinator can open).
-    #[arg(long)]
-    pub mirror_dir: Option<PathBuf>,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -221,15 +233,7 @@ impl BatchSubmitArgs {
             agent: self.run.agent()?,
             options: self.run.options(),
             spec: self.run.spec()?,
-            mirror_dir: match &self.mirror_dir {
-                Some(d) => Some(
-                    d.canonicalize()
-                        .with_context(|| format!("the mirror directory `{}`", d.display()))?
-                        .display()
-                        .to_string(),
-                ),
-                None => None,
-            },
+            mirror_dir: self.run.mirror_dir()?,
         })
     }
 }

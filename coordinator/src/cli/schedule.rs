@@ -18,7 +18,7 @@ use std::path::PathBuf;
 #[derive(Subcommand)]
 pub enum ScheduleCmd {
     /// Add a schedule: the dataset (read now, kept as it is) run as a batch on each tick.
-    Add(ScheduleAddArgs),
+    Add(Box<ScheduleAddArgs>),
     /// List schedules: cron, next tick, last firing and its delivery.
     List(ServerArg),
     /// Show a schedule and its firings, with each delivery's attempts (JSON).
@@ -89,6 +89,7 @@ impl ScheduleAddArgs {
             options: self.run.options(),
             spec: self.run.spec()?,
             webhook,
+            mirror_dir: self.run.mirror_dir()?,
         })
     }
 }

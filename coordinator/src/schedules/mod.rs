@@ -105,6 +105,10 @@ pub struct ScheduleRequest {
     pub spec: BatchSpec,
     #[serde(default)]
     pub webhook: Option<WebhookRequest>,
+    /// Where items read from a mirror (SWE-bench lines) find their repositories (an absolute
+    /// path on the coordinators), as a batch's `mirror_dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_dir: Option<String>,
 }
 
 /// What `POST /v1/schedules` answers.
@@ -163,6 +167,7 @@ pub async fn add_schedule(
             secret: w.secret,
         }),
         created_at: now,
+        mirror_dir: req.mirror_dir,
     };
     let cron = def.check(now)?;
     if let Some(hook) = &def.webhook {
@@ -252,7 +257,7 @@ pub(crate) async fn create_batch(
         agent: def.agent.clone(),
         options: def.options.clone(),
         spec: def.fired_spec(&firing.scheduled_for),
-        mirror_dir: None,
+        mirror_dir: def.mirror_dir.clone(),
     };
     let id = &firing.batch_id;
     match submit_batch_as(coord, req, Some(id.clone())).await {

@@ -76,6 +76,22 @@ pub enum DatasetError {
     Empty,
 }
 
+/// A batch with items read from a mirror directory (`mirror`, SWE-bench lines) needs that
+/// directory, given as an absolute path.
+pub fn check_mirror_dir(items: &[DatasetItem], dir: Option<&str>) -> Result<(), String> {
+    match (items.iter().find(|i| i.mirror), dir) {
+        (Some(item), None) => Err(format!(
+            "item `{}` names its repository `{}` as `owner/name` in a mirror directory, and the \
+             batch has none (`--mirror-dir DIR`: DIR/owner__name is the repository)",
+            item.id, item.repo
+        )),
+        (_, Some(dir)) if !dir.starts_with('/') => Err(format!(
+            "the mirror directory `{dir}` is not an absolute path"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Whether `id` may name a dataset item: 1 to [`MAX_ITEM_ID_CHARS`] ASCII letters, digits,
 /// `_`, `.` or `-`.
 pub fn valid_item_id(id: &str) -> bool {

@@ -145,6 +145,10 @@ pub struct ScheduleDef {
     #[serde(default)]
     pub webhook: Option<Webhook>,
     pub created_at: DateTime<Utc>,
+    /// Where items read from a mirror (SWE-bench lines) find their repositories, as for
+    /// `fleet batch submit --mirror-dir` (an absolute path on the coordinators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_dir: Option<String>,
 }
 
 impl ScheduleDef {
@@ -191,6 +195,8 @@ impl ScheduleDef {
         if items.is_empty() {
             return Err(ScheduleError::Dataset("it has no item".into()));
         }
+        crate::batch::dataset::check_mirror_dir(&items, self.mirror_dir.as_deref())
+            .map_err(ScheduleError::Dataset)?;
         let runs = items.len().saturating_mul(self.spec.trials as usize);
         if runs > MAX_BATCH_RUNS {
             return Err(ScheduleError::Dataset(format!(

@@ -52,7 +52,22 @@ fn def(name: &str, expr: &str) -> ScheduleDef {
         spec: spec(json!({"suite": "calc"})),
         webhook: Some(hook("https://hooks.example.com/x/TOKEN")),
         created_at: t(0),
+        mirror_dir: None,
     }
+}
+
+#[test]
+fn a_dataset_read_from_a_mirror_needs_an_absolute_mirror_directory() {
+    let mut d = def("swe", "0 2 * * *");
+    d.dataset = "{\"id\": \"m\", \"repo\": \"owner/name\", \"mirror\": true}\n".into();
+    d.dataset_sha256 = sha256_hex(d.dataset.as_bytes());
+    let err = d.check(t(0)).unwrap_err().to_string();
+    assert!(err.contains("--mirror-dir"), "{err}");
+    d.mirror_dir = Some("mirrors".into());
+    let err = d.check(t(0)).unwrap_err().to_string();
+    assert!(err.contains("not an absolute path"), "{err}");
+    d.mirror_dir = Some("/srv/mirrors".into());
+    assert!(d.check(t(0)).is_ok());
 }
 
 fn hook(url: &str) -> Webhook {

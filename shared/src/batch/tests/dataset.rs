@@ -314,3 +314,25 @@ fn a_bad_swe_bench_line_is_refused_naming_its_line_and_field() {
         }
     );
 }
+
+#[test]
+fn items_read_from_the_mirror_need_an_absolute_mirror_directory() {
+    use crate::batch::dataset::check_mirror_dir;
+    let items = |mirror: bool| {
+        let line = if mirror {
+            r#"{"id": "a", "repo": "owner/pkg", "mirror": true}"#
+        } else {
+            r#"{"id": "a", "repo": "/repos/pkg"}"#
+        };
+        parse_dataset(line).expect("a dataset")
+    };
+    let err = check_mirror_dir(&items(true), None).unwrap_err();
+    assert!(
+        err.contains("--mirror-dir") && err.contains("owner/pkg"),
+        "{err}"
+    );
+    let err = check_mirror_dir(&items(true), Some("mirrors")).unwrap_err();
+    assert!(err.contains("not an absolute path"), "{err}");
+    assert!(check_mirror_dir(&items(true), Some("/srv/mirrors")).is_ok());
+    assert!(check_mirror_dir(&items(false), None).is_ok());
+}
