@@ -115,7 +115,7 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
                     }
                 },
             };
-            match tick(&coord, &id, &loaded, 0, &mut mirrored).await {
+            match tick(&coord, &id, &loaded, Step::Settle, &mut mirrored).await {
                 Ok(Some(state)) => settled.push((state, loaded)),
                 Ok(None) => {}
                 Err(e) => warn!(batch = %id, error = %e, "batch tick failed; retrying next tick"),
@@ -131,7 +131,15 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
             if n == 0 {
                 continue;
             }
-            if let Err(e) = tick(&coord, &state.batch_id, &loaded, n, &mut mirrored).await {
+            if let Err(e) = tick(
+                &coord,
+                &state.batch_id,
+                &loaded,
+                Step::Start(n),
+                &mut mirrored,
+            )
+            .await
+            {
                 warn!(batch = %state.batch_id, error = %e, "batch tick failed; retrying next tick");
             }
         }
@@ -156,21 +164,33 @@ fn starts_now(slots: usize, batches: &[(BatchState, Arc<Loaded>)]) -> Vec<usize>
     starts(slots, &demands)
 }
 
-/// One step of one batch, committed by compare-and-set (retried on a conflict): its ended
-/// runs settled, and at most `max_new` queued items started. The batch as it stands after
-/// (none when it is gone).
+/// What one pass over a batch does.
+#[derive(Clone, Copy)]
+enum Step {
+    /// Settle the items whose runs ended.
+    Settle,
+    /// Start at most this many queued items (the batch settled just before).
+    Start(usize),
+}
+
+/// One step of one batch, committed by compare-and-set (retried on a conflict). The batch as
+/// it stands after (none when it is gone).
 async fn tick(
     coord: &Coordinator,
     id: &BatchId,
     loaded: &Loaded,
-    max_new: usize,
+    step: Step,
     mirrored: &mut Mirrored,
 ) -> Result<Option<BatchState>, DriverError> {
     for _ in 0..CAS_TRIES {
         let Some((mut state, version)) = coord.store.load_batch(id).await? else {
             return Ok(None);
         };
-        if !advance(coord, &mut state, loaded, max_new).await? {
+        let changed = match step {
+            Step::Settle => settle(coord, &mut state).await?,
+            Step::Start(max_new) => start(coord, &mut state, loaded, max_new).await?,
+        };
+        if !changed {
             return Ok(Some(state));
         }
         match coord.store.commit_batch(&state, version).await? {
@@ -193,13 +213,9 @@ async fn tick(
     Ok(None)
 }
 
-/// Settles finished runs and starts queued items; whether anything changed.
-async fn advance(
-    coord: &Coordinator,
-    state: &mut BatchState,
-    loaded: &Loaded,
-    max_new: usize,
-) -> Result<bool, DriverError> {
+/// Settles the items whose runs ended (and asks a cancelled batch's runs to stop); whether
+/// anything changed.
+async fn settle(coord: &Coordinator, state: &mut BatchState) -> Result<bool, DriverError> {
     let mut changed = false;
     // The running items' runs, read a few at a time (each read is a round trip to the store).
     let running: Vec<(usize, RunId)> = state
@@ -230,7 +246,18 @@ async fn advance(
             coord.cancel(&run).await?;
         }
     }
-    // The items to start, their runs created a few at a time, then recorded in order.
+    Ok(changed)
+}
+
+/// Starts at most `max_new` queued items, their runs created a few at a time, then recorded
+/// in order; whether anything changed.
+async fn start(
+    coord: &Coordinator,
+    state: &mut BatchState,
+    loaded: &Loaded,
+    max_new: usize,
+) -> Result<bool, DriverError> {
+    let mut changed = false;
     let starting: Vec<(usize, RunId)> = state
         .to_start(max_new)
         .into_iter()

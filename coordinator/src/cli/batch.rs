@@ -332,6 +332,13 @@ fn finished(v: &Value) -> bool {
     v["batch"]["finished_at"].is_string()
 }
 
+/// The batch id of a submit or rerun answer.
+fn batch_id_of(answer: &Value) -> anyhow::Result<&str> {
+    answer["batch_id"]
+        .as_str()
+        .ok_or_else(|| anyhow!("the coordinator answered without a batch id: {answer}"))
+}
+
 pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
     match cmd {
         BatchCmd::Submit(a) => {
@@ -339,10 +346,7 @@ pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
             let answer: Value = Client::new(&a.server.server)
                 .post("/v1/batches", &req)
                 .await?;
-            let id = answer["batch_id"]
-                .as_str()
-                .ok_or_else(|| anyhow!("the coordinator answered without a batch id: {answer}"))?;
-            out.line(id)?;
+            out.line(batch_id_of(&answer)?)?;
             Ok(0)
         }
         BatchCmd::Status(b) => {
@@ -390,10 +394,7 @@ pub async fn run(cmd: BatchCmd, out: &mut Out) -> anyhow::Result<i32> {
                     &json!({ "which": which }),
                 )
                 .await?;
-            let id = answer["batch_id"]
-                .as_str()
-                .ok_or_else(|| anyhow!("the coordinator answered without a batch id: {answer}"))?;
-            out.line(id)?;
+            out.line(batch_id_of(&answer)?)?;
             Ok(0)
         }
         BatchCmd::Compare(c) => {

@@ -11,7 +11,7 @@ use super::{create_batch, load, retry_policy, update, Loaded, ScheduleError};
 use crate::driver::Coordinator;
 use chrono::{DateTime, Utc};
 use shared::ids::BatchId;
-use shared::schedule::{DeliveryState, Firing, FiringStage, RetryPolicy};
+use shared::schedule::{DeliveryState, Firing, FiringStage, RetryPolicy, ScheduleState};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -171,35 +171,15 @@ impl Driver {
                 return Ok(());
             }
             let webhook = loaded.def.webhook.is_some();
-            let uid = &loaded.uid;
-            let Some((_, after)) = update(coord, name, |s| {
-                if &s.uid == uid {
-                    s.finished(id, now, webhook)
-                }
-            })
-            .await?
-            else {
-                return Ok(());
-            };
-            match after.firing(id) {
-                Some(f) => firing = f.clone(),
+            match step(coord, loaded, id, |s| s.finished(id, now, webhook)).await? {
+                Some(f) => firing = f,
                 None => return Ok(()),
             }
         }
         if firing.stage == FiringStage::Finished {
             report::write(coord, name, &firing).await?;
-            let uid = &loaded.uid;
-            let Some((_, after)) = update(coord, name, |s| {
-                if &s.uid == uid {
-                    s.reported(id)
-                }
-            })
-            .await?
-            else {
-                return Ok(());
-            };
-            match after.firing(id) {
-                Some(f) => firing = f.clone(),
+            match step(coord, loaded, id, |s| s.reported(id)).await? {
+                Some(f) => firing = f,
                 None => return Ok(()),
             }
         }
@@ -312,4 +292,23 @@ async fn attempt(
         attempt: n,
     };
     webhook::post(http, post).await
+}
+
+/// Moves firing `id` of this schedule on by `change` (compare-and-set, only while the stored
+/// schedule is the loaded one); the firing as it stands after, none when the schedule or the
+/// firing is gone.
+async fn step(
+    coord: &Coordinator,
+    loaded: &Loaded,
+    id: &BatchId,
+    change: impl Fn(&mut ScheduleState),
+) -> Result<Option<Firing>, ScheduleError> {
+    let uid = &loaded.uid;
+    let after = update(coord, &loaded.def.name, |s| {
+        if &s.uid == uid {
+            change(s)
+        }
+    })
+    .await?;
+    Ok(after.and_then(|(_, state)| state.firing(id).cloned()))
 }
