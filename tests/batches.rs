@@ -2,7 +2,8 @@
 //! scope, one whose repository does not exist) gives the expected verdict for each item, the
 //! infrastructure error is never a verdict, the JSON and JUnit reports say so, and the batch
 //! goes on, every item exactly once, when its coordinator and a worker are killed; the HTML report opened in
-//! headless Chromium; a small batch submitted after a big one gets its fair share at once.
+//! headless Chromium; a small batch submitted after a big one gets its fair share at once; a
+//! batch of the most items allowed (100,000) runs, cancels and reads back whole.
 
 use fleet_tests::browser;
 use fleet_tests::stack::{example, make_calc_repo, Stack};
@@ -332,5 +333,93 @@ async fn a_small_batch_submitted_after_a_big_one_gets_its_fair_share_at_once() -
     assert!(b["progress"]["eta_seconds"].is_null(), "{b}");
     // The big batch's weight makes no difference to the verdicts, only to its share.
     assert_eq!(b["batch"]["spec"]["weight"], 1, "{b}");
+    Ok(())
+}
+
+/// The most items a batch may have: submitted once (again: the same batch), run a few items
+/// while the rest wait, cancelled (the queued items cancelled a chunk at a time), every item
+/// read back in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_the_most_items_allowed_runs_cancels_and_reads_back_whole() -> anyhow::Result<()>
+{
+    let n = shared::batch::MAX_BATCH_ITEMS;
+    assert_eq!(n, 100_000);
+    let stack = Stack::start("batchmax", 1, &[]).await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let lines: Vec<String> = (0..n)
+        .map(|i| json!({"id": format!("i{i}"), "repo": repo, "input": {"items": [i]}}).to_string())
+        .collect();
+    let path = stack.dir.path().join("max.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n")?;
+    let graph = fleet_tests::stack::workspace_root()
+        .join("graphs/bench/fanout.yaml")
+        .display()
+        .to_string();
+    let args = [
+        "batch",
+        "submit",
+        &path.display().to_string(),
+        "--graph",
+        &graph,
+        "--max-running",
+        "4",
+    ];
+    let out = stack.cli(&args)?;
+    anyhow::ensure!(out.code == 0, "batch submit failed: {}", out.stderr);
+    let id = out.stdout.trim().to_string();
+    let again = stack.cli(&args)?;
+    assert_eq!(again.stdout.trim(), id, "the same batch: {}", again.stderr);
+
+    // Items run while 99,990-odd wait; the summary reads the header alone.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let summary = loop {
+        let s = stack.get(&format!("/v1/batches/{id}/summary")).await?;
+        if s["counts"]["passed"].as_u64().unwrap_or(0) >= 10 {
+            break s;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "items never passed: {s}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(summary["counts"]["total"], n, "{summary}");
+    assert!(
+        summary["counts"]["running"].as_u64() <= Some(4),
+        "{summary}"
+    );
+    assert_eq!(summary["batch"]["items"], json!([]));
+
+    let out = stack.cli(&["batch", "cancel", &id])?;
+    anyhow::ensure!(out.code == 0, "batch cancel failed: {}", out.stderr);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let summary = loop {
+        let s = stack.get(&format!("/v1/batches/{id}/summary")).await?;
+        if s["batch"]["finished_at"].is_string() {
+            break s;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the cancel never drained: {s}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let c = &summary["counts"];
+    let count = |k: &str| c[k].as_u64().unwrap_or(0) as usize;
+    assert_eq!((count("queued"), count("running")), (0, 0), "{summary}");
+    assert_eq!(count("passed") + count("cancelled"), n, "{summary}");
+    assert!(count("cancelled") >= n - 100, "{summary}");
+
+    // The whole batch, read back: every item once, in order, agreeing with the books.
+    let whole = stack.get(&format!("/v1/batches/{id}")).await?;
+    let items = whole["batch"]["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(items.len(), n);
+    for (i, item) in items.iter().enumerate() {
+        assert_eq!(item["item_id"], format!("i{i}"));
+    }
+    let passed = items.iter().filter(|i| i["state"] == "passed").count();
+    assert_eq!(passed, count("passed"));
+    assert!(items
+        .iter()
+        .filter(|i| i["state"] == "passed")
+        .all(|i| i["run_id"].is_string() && i["verdict"] == "PASS"));
+    assert_eq!(whole["counts"], summary["counts"]);
     Ok(())
 }

@@ -50,6 +50,16 @@ pub struct Route {
     serve: MethodRouter<Arc<Coordinator>>,
 }
 
+impl Route {
+    /// The route takes request bodies of up to `bytes` (axum's default is 2 MiB).
+    pub(crate) fn body_limit(mut self, bytes: usize) -> Route {
+        self.serve = self
+            .serve
+            .layer(axum::extract::DefaultBodyLimit::max(bytes));
+        self
+    }
+}
+
 pub(crate) fn at<H, T>(verb: Verb, path: &'static str, handler: H) -> Route
 where
     H: Handler<T, Arc<Coordinator>>,

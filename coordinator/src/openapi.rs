@@ -64,6 +64,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::batches::BatchRequest,
         crate::batches::BatchSubmitted,
         crate::batches::api::BatchView,
+        crate::batches::api::BatchSummary,
         crate::batches::api::BatchListing,
         crate::batches::api::RerunBody,
         crate::batches::api::RerunWhich,

@@ -5,7 +5,7 @@
 //! (`coordinator::store::conformance`: memory in unit tests, Redis in tests/conformance.rs);
 //! where adapters may differ (the owner lease's length, a cap on `list`) the suite says so.
 
-use crate::batch::BatchState;
+use crate::batch::{BatchHeader, BatchSlice, BatchState};
 use crate::engine::RunState;
 use crate::ids::{BatchId, RunId};
 use crate::messages::JobEnvelope;
@@ -39,16 +39,29 @@ pub enum CasOutcome {
     Conflict,
 }
 
-/// Batches: versioned documents written by compare-and-set, listed newest first, and the set
-/// of unfinished ones every coordinator drives.
+/// Batches: a header and items kept apart, all under one version that every write bumps (a
+/// compare-and-set over the whole batch), listed newest first, and the set of unfinished ones
+/// every coordinator drives. A pass of the driver reads a [`BatchSlice`] and writes back only
+/// what it changed, so its cost does not grow with the batch.
 #[async_trait]
 pub trait BatchStore: Send + Sync {
-    /// Creates the batch if absent; false when a batch with that id exists.
+    /// Creates the batch if absent; false when a batch with that id exists (its items are
+    /// left as they are, whatever `state` holds).
     async fn create_batch(&self, state: &BatchState) -> Result<bool, PortError>;
+    /// The whole batch, read at one version.
     async fn load_batch(&self, id: &BatchId) -> Result<Option<(BatchState, u64)>, PortError>;
-    /// Writes `state` if the stored version is still `version`; a finished batch leaves the
-    /// active set in the same atomic write.
-    async fn commit_batch(&self, state: &BatchState, version: u64)
+    /// The batch's header (its books) without its items.
+    async fn batch_header(&self, id: &BatchId) -> Result<Option<(BatchHeader, u64)>, PortError>;
+    /// The batch's header, every running item and the first `queued` queued items (in item
+    /// order), read at one version.
+    async fn batch_slice(
+        &self,
+        id: &BatchId,
+        queued: usize,
+    ) -> Result<Option<(BatchSlice, u64)>, PortError>;
+    /// Writes the slice's header and changed items if the stored version is still `version`;
+    /// a finished batch leaves the active set in the same atomic write.
+    async fn commit_batch(&self, slice: &BatchSlice, version: u64)
         -> Result<CasOutcome, PortError>;
     /// Batches, newest first (an adapter may cap the list, as for runs).
     async fn list_batches(&self) -> Result<Vec<BatchId>, PortError>;

@@ -11,16 +11,20 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use shared::batch::{progress, BatchCounts, BatchState, Progress};
+use shared::batch::{progress, BatchCounts, BatchHeader, BatchItem, BatchState, Progress};
 use shared::ids::BatchId;
 use shared::ports::CasOutcome;
 use std::sync::Arc;
+
+/// A submitted batch (its dataset inlined) is at most this large: 100,000 items of about 2 KiB
+/// each.
+pub const MAX_BATCH_BYTES: usize = 256 << 20;
 
 /// The batch routes.
 pub fn routes() -> Vec<Route> {
     use Verb::{Get, Post};
     vec![
-        at(Post, "/v1/batches", create_batch),
+        at(Post, "/v1/batches", create_batch).body_limit(MAX_BATCH_BYTES),
         at(Get, "/v1/batches", list_batches),
         at(Get, "/v1/batches/:id", batch_status),
         at(Get, "/v1/batches/:id/summary", batch_summary),
@@ -48,8 +52,37 @@ impl BatchView {
     fn of(c: &Coordinator, batch: BatchState) -> Json<Self> {
         Json(BatchView {
             counts: batch.counts(),
-            progress: progress(&batch, c.clock.now()),
+            progress: progress(batch.header(), c.clock.now()),
             batch,
+        })
+    }
+}
+
+/// A batch's counts and progress without its items (`GET /v1/batches/:id/summary`): read from
+/// its header alone, so as cheap for 100,000 items as for one.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchSummary {
+    #[schema(value_type = Object)]
+    pub counts: BatchCounts,
+    pub progress: Progress,
+    #[schema(value_type = Object)]
+    pub batch: HeaderOnly,
+}
+
+/// A batch's header in the place of the whole batch: `items` is always empty.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeaderOnly {
+    #[serde(flatten)]
+    pub header: BatchHeader,
+    pub items: [BatchItem; 0],
+}
+
+impl BatchSummary {
+    fn of(c: &Coordinator, header: BatchHeader) -> Json<Self> {
+        Json(BatchSummary {
+            counts: header.counts,
+            progress: progress(&header, c.clock.now()),
+            batch: HeaderOnly { header, items: [] },
         })
     }
 }
@@ -87,6 +120,15 @@ async fn load(c: &Coordinator, id: &str) -> Result<(BatchState, u64), ApiError> 
     }
 }
 
+async fn load_header(c: &Coordinator, id: &str) -> Result<(BatchHeader, u64), ApiError> {
+    let id = BatchId::new(id);
+    if let Some(found) = c.store.batch_header(&id).await.map_err(DriverError::from)? {
+        return Ok(found);
+    }
+    let (whole, version) = load(c, id.as_str()).await?;
+    Ok((whole.header().clone(), version))
+}
+
 /// Submits a batch: a graph, a JSONL dataset, the agent and the batch's options.
 #[utoipa::path(
     post, path = "/v1/batches",
@@ -113,9 +155,9 @@ pub async fn list_batches(
 ) -> Result<Json<Vec<BatchListing>>, ApiError> {
     let mut out = Vec::new();
     for id in c.store.list_batches().await.map_err(DriverError::from)? {
-        if let Some((b, _)) = c.store.load_batch(&id).await.map_err(DriverError::from)? {
+        if let Some((b, _)) = c.store.batch_header(&id).await.map_err(DriverError::from)? {
             out.push(BatchListing {
-                counts: b.counts(),
+                counts: b.counts,
                 finished: b.is_finished(),
                 cancelled: b.cancelled,
                 graph: b.graph,
@@ -140,45 +182,54 @@ pub async fn batch_status(
 }
 
 /// A batch's counts and progress without its items (`items` is empty): cheap enough to poll
-/// while a 10,000-item batch runs.
+/// while a 100,000-item batch runs.
 #[utoipa::path(
     get, path = "/v1/batches/{id}/summary",
     params(("id" = String, Path, description = "the batch's id")),
-    responses((status = 200, body = BatchView), (status = 404, body = shared::http::ErrorBody))
+    responses((status = 200, body = BatchSummary), (status = 404, body = shared::http::ErrorBody))
 )]
 pub async fn batch_summary(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> Result<Json<BatchView>, ApiError> {
-    let (batch, _) = load(&c, &id).await?;
-    let Json(mut view) = BatchView::of(&c, batch);
-    view.batch.items = Vec::new();
-    Ok(Json(view))
+) -> Result<Json<BatchSummary>, ApiError> {
+    let (header, _) = load_header(&c, &id).await?;
+    Ok(BatchSummary::of(&c, header))
 }
 
-/// Cancels a batch: queued items never start, running runs are cancelled.
+/// Cancels a batch: queued items never start (the coordinators cancel them), running runs are
+/// cancelled. Answers the batch's summary.
 #[utoipa::path(
     post, path = "/v1/batches/{id}/cancel",
     params(("id" = String, Path, description = "the batch's id")),
-    responses((status = 200, body = BatchView), (status = 404, body = shared::http::ErrorBody))
+    responses((status = 200, body = BatchSummary), (status = 404, body = shared::http::ErrorBody))
 )]
 pub async fn cancel_batch(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-) -> Result<Json<BatchView>, ApiError> {
+) -> Result<Json<BatchSummary>, ApiError> {
+    let batch_id = BatchId::new(&id);
     loop {
-        let (mut batch, version) = load(&c, &id).await?;
-        if batch.cancelled || batch.is_finished() {
-            return Ok(BatchView::of(&c, batch));
+        let read = c
+            .store
+            .batch_slice(&batch_id, 0)
+            .await
+            .map_err(DriverError::from)?;
+        let Some((mut slice, version)) = read else {
+            // Only a batch the store lost may be found elsewhere (its mirror): read only.
+            let (header, _) = load_header(&c, &id).await?;
+            return Ok(BatchSummary::of(&c, header));
+        };
+        if !slice.cancel(c.clock.now()) {
+            return Ok(BatchSummary::of(&c, slice.header().clone()));
         }
-        batch.cancel(c.clock.now());
         let outcome = c
             .store
-            .commit_batch(&batch, version)
+            .commit_batch(&slice, version)
             .await
             .map_err(DriverError::from)?;
         if outcome == CasOutcome::Committed {
-            return Ok(BatchView::of(&c, batch));
+            c.batch_wake.notify_one();
+            return Ok(BatchSummary::of(&c, slice.header().clone()));
         }
     }
 }

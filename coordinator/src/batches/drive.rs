@@ -9,7 +9,7 @@ use super::{item_request, request_key, state_key, BatchRequest};
 use crate::driver::{Coordinator, DriverError};
 use futures::stream::{self, StreamExt};
 use shared::batch::DatasetItem;
-use shared::batch::{outcome_of, starts, BatchState, Demand, ItemOutcome, ItemState};
+use shared::batch::{outcome_of, starts, BatchHeader, BatchSlice, Demand, ItemOutcome, ItemState};
 use shared::engine::RunStatus;
 use shared::ids::BatchId;
 use shared::ids::RunId;
@@ -24,26 +24,49 @@ use tracing::{info, warn};
 /// (a run finishing here wakes it at once: `Coordinator::batch_wake`).
 const TICK: Duration = Duration::from_millis(500);
 
-/// A running batch's state is mirrored to object storage at most this often (always when it
-/// finishes); the run store holds every commit.
+/// A running batch's state is mirrored to object storage at most this often per 10,000 items
+/// (always when it finishes); the run store holds every commit.
 const MIRROR_EVERY: Duration = Duration::from_secs(2);
+
+/// Queued items a cancelled batch cancels per pass, and its passes per tick (so a tick
+/// cancels up to 100,000).
+const CANCEL_CHUNK: usize = 5000;
+const CANCEL_PASSES: usize = 20;
 
 /// When this coordinator last mirrored each batch's state.
 type Mirrored = HashMap<BatchId, std::time::Instant>;
 
-/// Whether this coordinator should mirror the batch's state now (and notes that it does).
-fn mirror_due(last: &mut Mirrored, id: &BatchId, finished: bool) -> bool {
+/// Whether this coordinator should mirror the batch's state now (and notes that it does): a
+/// larger batch, which costs more to write, is mirrored less often.
+fn mirror_due(last: &mut Mirrored, header: &BatchHeader) -> bool {
     let now = std::time::Instant::now();
-    if finished {
+    let id = &header.batch_id;
+    if header.is_finished() {
         last.remove(id);
         return true;
     }
+    let every = MIRROR_EVERY * (1 + header.counts.total / 10_000) as u32;
     match last.get(id) {
-        Some(at) if now.duration_since(*at) < MIRROR_EVERY => false,
+        Some(at) if now.duration_since(*at) < every => false,
         _ => {
             last.insert(id.clone(), now);
             true
         }
+    }
+}
+
+/// Writes the whole batch to object storage (read back when the run store lost it).
+async fn mirror(coord: &Coordinator, id: &BatchId) {
+    let whole = match coord.store.load_batch(id).await {
+        Ok(Some((state, _))) => state,
+        Ok(None) => return,
+        Err(e) => {
+            warn!(batch = %id, error = %e, "cannot read the batch to mirror it");
+            return;
+        }
+    };
+    if let Err(e) = coord.blobs.put_json(&state_key(id), &whole).await {
+        warn!(batch = %id, error = %e, "cannot mirror the batch's state");
     }
 }
 
@@ -115,7 +138,7 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
                     }
                 },
             };
-            match tick(&coord, &id, &loaded, Step::Settle, &mut mirrored).await {
+            match settle_passes(&coord, &id, &loaded, &mut mirrored).await {
                 Ok(Some(state)) => settled.push((state, loaded)),
                 Ok(None) => {}
                 Err(e) => warn!(batch = %id, error = %e, "batch tick failed; retrying next tick"),
@@ -146,13 +169,33 @@ pub async fn drive(coord: Arc<Coordinator>, shutdown: CancellationToken) {
     }
 }
 
+/// The batch's settle pass, repeated while a cancelled batch has queued items left to cancel
+/// (at most [`CANCEL_PASSES`] times).
+async fn settle_passes(
+    coord: &Coordinator,
+    id: &BatchId,
+    loaded: &Loaded,
+    mirrored: &mut Mirrored,
+) -> Result<Option<BatchHeader>, DriverError> {
+    let mut header = tick(coord, id, loaded, Step::Settle, mirrored).await?;
+    for _ in 1..CANCEL_PASSES {
+        match &header {
+            Some(h) if h.cancelled && h.counts.queued > 0 => {
+                header = tick(coord, id, loaded, Step::Settle, mirrored).await?;
+            }
+            _ => break,
+        }
+    }
+    Ok(header)
+}
+
 /// How many runs each batch may start now: its fair share of the fleet's batch slots, into
 /// free slots only (`shared::batch::share`).
-fn starts_now(slots: usize, batches: &[(BatchState, Arc<Loaded>)]) -> Vec<usize> {
+fn starts_now(slots: usize, batches: &[(BatchHeader, Arc<Loaded>)]) -> Vec<usize> {
     let demands: Vec<Demand> = batches
         .iter()
         .map(|(state, _)| {
-            let c = state.counts();
+            let c = state.counts;
             Demand {
                 weight: state.spec.weight,
                 running: c.running,
@@ -173,38 +216,52 @@ enum Step {
     Start(usize),
 }
 
-/// One step of one batch, committed by compare-and-set (retried on a conflict). The batch as
-/// it stands after (none when it is gone).
+/// One step of one batch: a slice read (the running items, and the queued ones the step
+/// needs), moved, and committed by compare-and-set (retried on a conflict). The batch's header
+/// as it stands after (none when it is gone).
 async fn tick(
     coord: &Coordinator,
     id: &BatchId,
     loaded: &Loaded,
     step: Step,
     mirrored: &mut Mirrored,
-) -> Result<Option<BatchState>, DriverError> {
+) -> Result<Option<BatchHeader>, DriverError> {
     for _ in 0..CAS_TRIES {
-        let Some((mut state, version)) = coord.store.load_batch(id).await? else {
+        let queued = match step {
+            Step::Settle => 0,
+            Step::Start(n) => n,
+        };
+        let Some((mut slice, mut version)) = coord.store.batch_slice(id, queued).await? else {
             return Ok(None);
         };
-        let changed = match step {
-            Step::Settle => settle(coord, &mut state).await?,
-            Step::Start(max_new) => start(coord, &mut state, loaded, max_new).await?,
-        };
-        if !changed {
-            return Ok(Some(state));
+        if matches!(step, Step::Settle)
+            && slice.header().cancelled
+            && slice.header().counts.queued > 0
+        {
+            // A cancelled batch cancels its queued items a chunk per pass.
+            match coord.store.batch_slice(id, CANCEL_CHUNK).await? {
+                Some(read) => (slice, version) = read,
+                None => return Ok(None),
+            }
         }
-        match coord.store.commit_batch(&state, version).await? {
+        match step {
+            Step::Settle => settle(coord, &mut slice).await?,
+            Step::Start(max_new) => start(coord, &mut slice, loaded, max_new).await?,
+        }
+        if !slice.is_changed() {
+            return Ok(Some(slice.header().clone()));
+        }
+        match coord.store.commit_batch(&slice, version).await? {
             CasOutcome::Committed => {
-                if mirror_due(mirrored, id, state.is_finished()) {
-                    if let Err(e) = coord.blobs.put_json(&state_key(id), &state).await {
-                        warn!(batch = %id, error = %e, "cannot mirror the batch's state");
-                    }
+                let header = slice.header();
+                if mirror_due(mirrored, header) {
+                    mirror(coord, id).await;
                 }
-                if state.is_finished() {
-                    let c = state.counts();
+                if header.is_finished() {
+                    let c = header.counts;
                     info!(batch = %id, passed = c.passed, failed = c.failed, errored = c.errored, cancelled = c.cancelled, "batch finished");
                 }
-                return Ok(Some(state));
+                return Ok(Some(header.clone()));
             }
             CasOutcome::Conflict => continue,
         }
@@ -213,16 +270,13 @@ async fn tick(
     Ok(None)
 }
 
-/// Settles the items whose runs ended (and asks a cancelled batch's runs to stop); whether
-/// anything changed.
-async fn settle(coord: &Coordinator, state: &mut BatchState) -> Result<bool, DriverError> {
-    let mut changed = false;
+/// Settles the items whose runs ended, asks a cancelled batch's runs to stop and cancels the
+/// queued items the slice holds.
+async fn settle(coord: &Coordinator, slice: &mut BatchSlice) -> Result<(), DriverError> {
     // The running items' runs, read a few at a time (each read is a round trip to the store).
-    let running: Vec<(usize, RunId)> = state
-        .items
-        .iter()
-        .enumerate()
-        .filter(|(_, item)| item.state == ItemState::Running)
+    let running: Vec<(usize, RunId)> = slice
+        .in_state(ItemState::Running)
+        .into_iter()
         .filter_map(|(i, item)| item.run_id.clone().map(|run| (i, run)))
         .collect();
     let reads: Vec<_> = running.iter().map(|(_, run)| coord.load(run)).collect();
@@ -232,42 +286,45 @@ async fn settle(coord: &Coordinator, state: &mut BatchState) -> Result<bool, Dri
             Ok(s) => s,
             Err(DriverError::UnknownRun(_)) => {
                 let outcome = infra_outcome(format!("run `{run}` is gone from the run store"));
-                state.finished(i, &outcome, coord.clock.now());
-                changed = true;
+                slice.finished(i, &outcome, coord.clock.now());
                 continue;
             }
             Err(e) => return Err(e),
         };
         if run_state.status.is_terminal() {
-            state.finished(i, &outcome_of(&run_state), coord.clock.now());
-            changed = true;
-        } else if state.cancelled {
+            slice.finished(i, &outcome_of(&run_state), coord.clock.now());
+        } else if slice.header().cancelled {
             // Stops the run; its end settles the item on a later tick.
             coord.cancel(&run).await?;
         }
     }
-    Ok(changed)
+    if slice.header().cancelled {
+        slice.cancel(coord.clock.now());
+    }
+    Ok(())
 }
 
-/// Starts at most `max_new` queued items, their runs created a few at a time, then recorded
-/// in order; whether anything changed.
+/// Starts at most `max_new` of the slice's queued items, their runs created a few at a time,
+/// then recorded in order.
 async fn start(
     coord: &Coordinator,
-    state: &mut BatchState,
+    slice: &mut BatchSlice,
     loaded: &Loaded,
     max_new: usize,
-) -> Result<bool, DriverError> {
-    let mut changed = false;
-    let starting: Vec<(usize, RunId)> = state
+) -> Result<(), DriverError> {
+    let starting: Vec<(usize, RunId, &DatasetItem)> = slice
         .to_start(max_new)
         .into_iter()
-        .filter(|&i| loaded.items.contains_key(&state.items[i].item_id))
-        .map(|i| (i, state.run_id_for(i)))
+        .filter_map(|i| {
+            let item = slice.item(i)?;
+            let data = loaded.items.get(&item.item_id)?;
+            Some((i, slice.header().run_id_for(item), data))
+        })
         .collect();
     let starts: Vec<_> = starting
         .iter()
-        .map(|(i, run_id)| {
-            let request = item_request(&loaded.req, &loaded.items[&state.items[*i].item_id]);
+        .map(|(_, run_id, data)| {
+            let request = item_request(&loaded.req, data);
             let run_id = run_id.to_string();
             async move {
                 match request {
@@ -278,20 +335,21 @@ async fn start(
         })
         .collect();
     let starts: Vec<_> = stream::iter(starts).buffered(AT_ONCE).collect().await;
-    for ((i, _), started) in starting.into_iter().zip(starts) {
+    for ((i, _, _), started) in starting.into_iter().zip(starts) {
         match started {
-            Ok(s) => state.started(i, s.run_id, coord.clock.now()),
+            Ok(s) => {
+                slice.started(i, s.run_id, coord.clock.now());
+            }
             // The item cannot become a run (its repository is missing, its input breaks the
             // graph's schema): an error of the item, not a verdict.
             Err(DriverError::Submit(e)) => {
                 let outcome = infra_outcome(format!("the item's run could not start: {e}"));
-                state.finished(i, &outcome, coord.clock.now());
+                slice.finished(i, &outcome, coord.clock.now());
             }
             Err(e) => return Err(e),
         }
-        changed = true;
     }
-    Ok(changed)
+    Ok(())
 }
 
 /// An infrastructure error of an item (its run could not start, or is gone): retried as a

@@ -4,8 +4,8 @@
 //! and attempt, so two coordinators starting the same item start one run.
 //!
 //! What a batch was asked for (graph, dataset, agent, options) is kept in object storage under
-//! `batches/<id>/request.json`; its state in the run store, mirrored to
-//! `batches/<id>/state.json` after each change.
+//! `batches/<id>/request.json`; its state in the run store (header and items apart), mirrored
+//! whole to `batches/<id>/state.json` every few seconds while it runs and when it ends.
 
 pub mod api;
 mod drive;
@@ -116,9 +116,9 @@ pub async fn submit_batch_as(
     let config = canonical_hash(&identity);
     let batch_id = chosen.unwrap_or_else(|| shared::batch::batch_id(&config, &items, &req.spec));
     let graph_ref = format!("graphs/{}.json", req.graph.hash());
-    if let Some((existing, _)) = coord.store.load_batch(&batch_id).await? {
+    if let Some((existing, _)) = coord.store.batch_header(&batch_id).await? {
         return Ok(BatchSubmitted {
-            runs: existing.items.len(),
+            runs: existing.counts.total,
             batch_id,
             created: false,
         });

@@ -3,7 +3,7 @@
 //! in-flight lists whose owner's lease lapsed go back to the outbox.
 
 use async_trait::async_trait;
-use shared::batch::BatchState;
+use shared::batch::{BatchHeader, BatchSlice, BatchState};
 use shared::engine::RunState;
 use shared::ids::{BatchId, RunId};
 use shared::ports::{BatchStore, CasOutcome, OutboxMessage, PortError, RunStore, ScheduleStore};
@@ -80,15 +80,35 @@ impl BatchStore for MemoryRunStore {
         Ok(self.lock().batches.get(id).cloned())
     }
 
+    async fn batch_header(&self, id: &BatchId) -> Result<Option<(BatchHeader, u64)>, PortError> {
+        Ok(self
+            .lock()
+            .batches
+            .get(id)
+            .map(|(s, v)| (s.header().clone(), *v)))
+    }
+
+    async fn batch_slice(
+        &self,
+        id: &BatchId,
+        queued: usize,
+    ) -> Result<Option<(BatchSlice, u64)>, PortError> {
+        Ok(self
+            .lock()
+            .batches
+            .get(id)
+            .map(|(s, v)| (BatchSlice::of(s, queued), *v)))
+    }
+
     async fn commit_batch(
         &self,
-        state: &BatchState,
+        slice: &BatchSlice,
         version: u64,
     ) -> Result<CasOutcome, PortError> {
         let mut g = self.lock();
-        match g.batches.get_mut(&state.batch_id) {
+        match g.batches.get_mut(&slice.header().batch_id) {
             Some((s, v)) if *v == version => {
-                *s = state.clone();
+                slice.apply_to(s);
                 *v += 1;
                 Ok(CasOutcome::Committed)
             }

@@ -2,7 +2,7 @@
 //! far, what it has cost, and when it should end at the pace so far. What `fleet batch wait`
 //! draws as its progress bar and `GET /v1/batches/:id` returns.
 
-use super::state::{BatchState, ItemState};
+use super::state::BatchHeader;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -27,32 +27,25 @@ pub struct Progress {
     pub eta_seconds: Option<f64>,
 }
 
-/// The batch's progress at `now`.
-pub fn progress(state: &BatchState, now: DateTime<Utc>) -> Progress {
+/// The batch's progress at `now`, from its header's books (no item is read).
+pub fn progress(header: &BatchHeader, now: DateTime<Utc>) -> Progress {
+    let c = &header.counts;
     let mut p = Progress {
-        total: state.items.len(),
+        total: c.total,
+        done: c.done(),
+        running: c.running,
+        queued: c.queued,
+        cost_usd: header.cost_usd,
+        tokens: header.tokens,
         ..Progress::default()
     };
-    let (mut passed, mut failed) = (0usize, 0usize);
-    for item in &state.items {
-        match item.state {
-            ItemState::Queued => p.queued += 1,
-            ItemState::Running => p.running += 1,
-            ItemState::Passed => passed += 1,
-            ItemState::Failed => failed += 1,
-            ItemState::Errored | ItemState::Cancelled | ItemState::Flaky => {}
-        }
-        p.cost_usd += item.cost_usd;
-        p.tokens += item.tokens;
+    if c.passed + c.failed > 0 {
+        p.pass_rate = Some(c.passed as f64 / (c.passed + c.failed) as f64);
     }
-    p.done = p.total - p.queued - p.running;
-    if passed + failed > 0 {
-        p.pass_rate = Some(passed as f64 / (passed + failed) as f64);
-    }
-    let end = state.finished_at.unwrap_or(now);
-    p.elapsed_seconds = ((end - state.created_at).num_milliseconds().max(0)) as f64 / 1000.0;
+    let end = header.finished_at.unwrap_or(now);
+    p.elapsed_seconds = ((end - header.created_at).num_milliseconds().max(0)) as f64 / 1000.0;
     let left = p.total - p.done;
-    if p.done > 0 && left > 0 && state.finished_at.is_none() {
+    if p.done > 0 && left > 0 && header.finished_at.is_none() {
         p.eta_seconds = Some(p.elapsed_seconds / p.done as f64 * left as f64);
     }
     p
@@ -61,8 +54,8 @@ pub fn progress(state: &BatchState, now: DateTime<Utc>) -> Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::state::ItemOutcome;
     use crate::batch::{parse_dataset, BatchSpec};
+    use crate::batch::{BatchState, ItemOutcome};
     use crate::engine::RunStatus;
     use crate::ids::BatchId;
     use chrono::TimeZone;

@@ -1,6 +1,7 @@
-//! A batch's state ([`BatchState`]): one [`BatchItem`] per dataset item and trial, moved by
-//! [`BatchState::started`], [`BatchState::finished`] and [`BatchState::cancel`]; what ended runs
-//! mean for it ([`outcome_of`]); the batch's id ([`batch_id`]).
+//! A batch's state: its [`BatchHeader`] (spec, books) and one [`BatchItem`] per dataset item
+//! and trial, moved by the header's transitions ([`BatchHeader::start_item`],
+//! [`BatchHeader::finish_item`], [`BatchHeader::cancel_item`]) which keep the books; the whole
+//! batch ([`BatchState`]); the batch's id ([`batch_id`]).
 //!
 //! An item's life: `Queued` → `Running` → `Passed` | `Failed` | `Flaky` | `Errored` |
 //! `Cancelled`. A run that failed for the infrastructure (not the agent) puts its item back to
@@ -9,20 +10,20 @@
 //! its item `Flaky`: no verdict either, counted apart, its flaky tests listed.
 
 use super::dataset::DatasetItem;
-use super::flaky::{flaky_error, flaky_of, FLAKY_VERDICT};
-use crate::engine::{RunState, RunStatus};
+use super::flaky::FLAKY_VERDICT;
+use super::outcome::ItemOutcome;
+use crate::engine::RunStatus;
 use crate::hashing::{canonical_hash, sha256_hex};
 use crate::ids::{BatchId, RunId};
-use crate::messages::JobStatus;
 use crate::text::head;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
 /// The version of [`BatchState`]'s stored form.
-pub const BATCH_STATE_VERSION: u32 = 1;
+pub const BATCH_STATE_VERSION: u32 = 2;
 /// A batch runs each item at most this many times.
 pub const MAX_TRIALS: u32 = 100;
 /// Retries after infrastructure errors are bounded, so a broken fleet cannot loop forever.
@@ -34,11 +35,6 @@ pub const MAX_LABEL_KEY_CHARS: usize = 64;
 pub const MAX_LABEL_VALUE_CHARS: usize = 256;
 /// An item's error (and each infrastructure error it keeps) is cut to this many characters.
 pub const MAX_ERROR_CHARS: usize = 2000;
-/// Run results whose `reason` says the infrastructure failed, not the agent: a job
-/// dead-lettered, a job re-issued until its attempts ran out (lost workers), a commit the
-/// engine expected and never got. Every other reason (`budget_exhausted`, `fanout_too_wide`,
-/// ...) is the graph's or the agent's.
-pub const INFRA_REASONS: &[&str] = &["job_dead_lettered", "job_never_finished", "missing_commit"];
 
 const fn default_trials() -> u32 {
     1
@@ -206,11 +202,27 @@ impl BatchCounts {
     pub fn done(&self) -> usize {
         self.passed + self.failed + self.flaky + self.errored + self.cancelled
     }
+
+    fn of_mut(&mut self, state: ItemState) -> &mut usize {
+        match state {
+            ItemState::Queued => &mut self.queued,
+            ItemState::Running => &mut self.running,
+            ItemState::Passed => &mut self.passed,
+            ItemState::Failed => &mut self.failed,
+            ItemState::Errored => &mut self.errored,
+            ItemState::Cancelled => &mut self.cancelled,
+            ItemState::Flaky => &mut self.flaky,
+        }
+    }
 }
 
-/// A batch as stored (compare-and-set) and driven by the coordinator.
+/// Everything of a batch but its items: what it runs, whether it was cancelled, and its books
+/// (how many items are in each state, what they spent), kept by the transitions of its items
+/// ([`BatchHeader::start_item`], [`BatchHeader::finish_item`], [`BatchHeader::cancel_item`]).
+/// A store can drive a batch through its header and the few items a pass touches
+/// ([`super::BatchSlice`]) without reading every item.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
-pub struct BatchState {
+pub struct BatchHeader {
     /// [`BATCH_STATE_VERSION`].
     pub v: u32,
     pub batch_id: BatchId,
@@ -224,101 +236,34 @@ pub struct BatchState {
     pub finished_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub cancelled: bool,
-    /// Item order, then trial order.
-    pub items: Vec<BatchItem>,
-}
-
-/// What an ended run means for its item (see [`outcome_of`]).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ItemOutcome {
-    pub status: RunStatus,
-    pub verdict: Option<String>,
-    pub ended_stage: Option<String>,
-    pub error: Option<String>,
-    pub infra_error: bool,
+    /// Items in each state.
+    #[serde(default)]
+    pub counts: BatchCounts,
+    /// Spent over every attempt of every item.
+    #[serde(default)]
     pub cost_usd: f64,
+    /// Input plus output tokens over every attempt of every item.
+    #[serde(default)]
     pub tokens: u64,
-    /// The tests the run's test runs found flaky (whatever its verdict).
-    pub flaky_tests: Vec<String>,
-    /// Jobs the run's workers answered, and how many of them reused a kept result (the step
-    /// cache) instead of running.
-    pub steps: u32,
-    pub cache_hits: u32,
 }
 
-impl BatchState {
-    /// One `Queued` item, attempt 1, per dataset item and trial (item order, then trial).
-    pub fn new(
-        batch_id: BatchId,
-        graph: impl Into<String>,
-        graph_ref: impl Into<String>,
-        spec: BatchSpec,
-        items: &[DatasetItem],
-        at: DateTime<Utc>,
-    ) -> Self {
-        let items: Vec<BatchItem> = items
-            .iter()
-            .flat_map(|item| (1..=spec.trials).map(move |trial| queued(&item.id, trial)))
-            .collect();
-        Self {
-            v: BATCH_STATE_VERSION,
-            batch_id,
-            graph: graph.into(),
-            graph_ref: graph_ref.into(),
-            spec,
-            created_at: at,
-            finished_at: items.is_empty().then_some(at),
-            cancelled: false,
-            items,
-        }
-    }
-
-    pub fn counts(&self) -> BatchCounts {
-        let mut c = BatchCounts {
-            total: self.items.len(),
-            ..BatchCounts::default()
-        };
-        for item in &self.items {
-            *match item.state {
-                ItemState::Queued => &mut c.queued,
-                ItemState::Running => &mut c.running,
-                ItemState::Passed => &mut c.passed,
-                ItemState::Failed => &mut c.failed,
-                ItemState::Errored => &mut c.errored,
-                ItemState::Cancelled => &mut c.cancelled,
-                ItemState::Flaky => &mut c.flaky,
-            } += 1;
-        }
-        c
-    }
-
+impl BatchHeader {
     /// Whether every item has settled.
     pub fn is_finished(&self) -> bool {
-        self.items.iter().all(|i| i.state.is_settled())
+        self.counts.queued == 0 && self.counts.running == 0
     }
 
-    /// The items to start now: `Queued` ones in order, at most `max_new` (what the batch's
-    /// share of the fleet's slots lets it start, see [`super::share`]) and as many as
-    /// `max_running` leaves room for; none once cancelled.
-    pub fn to_start(&self, max_new: usize) -> Vec<usize> {
+    /// How many items may start now: `max_running` less the running ones, at most `max_new`
+    /// (what the batch's share of the fleet's slots lets it start, see [`super::share`]);
+    /// none once cancelled.
+    pub fn room(&self, max_new: usize) -> usize {
         if self.cancelled {
-            return Vec::new();
+            return 0;
         }
-        let running = self
-            .items
-            .iter()
-            .filter(|i| i.state == ItemState::Running)
-            .count();
-        let room = (self.spec.max_running as usize)
-            .saturating_sub(running)
-            .min(max_new);
-        self.items
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| i.state == ItemState::Queued)
-            .map(|(index, _)| index)
-            .take(room)
-            .collect()
+        (self.spec.max_running as usize)
+            .saturating_sub(self.counts.running)
+            .min(max_new)
+            .min(self.counts.queued)
     }
 
     /// The run of the item's current attempt: `b<batch>-<item>-t<trial>-a<attempt>`, with
@@ -326,11 +271,7 @@ impl BatchState {
     /// has other characters) and `<item>` the first 16 hex digits of the item id's sha256.
     /// Deterministic; at most 58 characters of `[A-Za-z0-9_-]`, so a valid run id (no `.`:
     /// job ids are `<run>.<node>.<visit>`).
-    ///
-    /// # Panics
-    /// When `index` is not an item's.
-    pub fn run_id_for(&self, index: usize) -> RunId {
-        let item = &self.items[index];
+    pub fn run_id_for(&self, item: &BatchItem) -> RunId {
         let id = self.batch_id.as_str();
         let tag = if (1..=16).contains(&id.len())
             && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -346,16 +287,16 @@ impl BatchState {
         ))
     }
 
-    /// The item's run was started: a `Queued` item becomes `Running`. Anything else (another
-    /// state, an unknown index) changes nothing.
-    pub fn started(&mut self, index: usize, run_id: RunId, at: DateTime<Utc>) {
-        if let Some(item) = self.items.get_mut(index) {
-            if item.state == ItemState::Queued && !self.cancelled {
-                item.state = ItemState::Running;
-                item.run_id = Some(run_id);
-                item.started_at = Some(at);
-            }
+    /// The item's run was started: a `Queued` item becomes `Running` (not in a cancelled
+    /// batch). Whether it changed.
+    pub fn start_item(&mut self, item: &mut BatchItem, run_id: RunId, at: DateTime<Utc>) -> bool {
+        if item.state != ItemState::Queued || self.cancelled {
+            return false;
         }
+        item.run_id = Some(run_id);
+        item.started_at = Some(at);
+        self.moved(item, ItemState::Running, at);
+        true
     }
 
     /// The item's run ended. Its cost and tokens are added to the item's, then:
@@ -370,35 +311,38 @@ impl BatchState {
     ///
     /// The outcome must be of the item's current run (its `run_id`), or of none for a `Queued`
     /// item whose run could not be created: the caller fences out reports of earlier attempts.
-    /// Ignored: an unknown index, a settled item, a run that has not ended.
-    pub fn finished(&mut self, index: usize, outcome: &ItemOutcome, at: DateTime<Utc>) {
-        let cancelled = self.cancelled;
-        let retries = self.spec.max_infra_retries;
-        let Some(item) = self.items.get_mut(index) else {
-            return;
-        };
+    /// Ignored (false): a settled item, a run that has not ended.
+    pub fn finish_item(
+        &mut self,
+        item: &mut BatchItem,
+        outcome: &ItemOutcome,
+        at: DateTime<Utc>,
+    ) -> bool {
         if item.state.is_settled() || !outcome.status.is_terminal() {
-            return;
+            return false;
         }
         item.cost_usd += outcome.cost_usd;
         item.tokens = item.tokens.saturating_add(outcome.tokens);
         item.steps = item.steps.saturating_add(outcome.steps);
         item.cache_hits = item.cache_hits.saturating_add(outcome.cache_hits);
+        self.cost_usd += outcome.cost_usd;
+        self.tokens = self.tokens.saturating_add(outcome.tokens);
         let cancelled_run = outcome.status == RunStatus::Cancelled;
-        if outcome.infra_error && !cancelled_run && !cancelled && item.attempt <= retries {
+        let retries = self.spec.max_infra_retries;
+        if outcome.infra_error && !cancelled_run && !self.cancelled && item.attempt <= retries {
             let reason = outcome.error.as_deref().unwrap_or("infrastructure error");
             item.infra_errors.push(head(reason, MAX_ERROR_CHARS));
             item.attempt += 1;
-            item.state = ItemState::Queued;
             item.run_id = None;
             item.started_at = None;
-            return;
+            self.moved(item, ItemState::Queued, at);
+            return true;
         }
         item.finished_at = Some(at);
         item.ended_stage = outcome.ended_stage.clone();
         item.flaky_tests = outcome.flaky_tests.clone();
         item.error = outcome.error.as_deref().map(|e| head(e, MAX_ERROR_CHARS));
-        item.state = if cancelled_run || (outcome.infra_error && cancelled) {
+        let to = if cancelled_run || (outcome.infra_error && self.cancelled) {
             ItemState::Cancelled
         } else if outcome.infra_error {
             ItemState::Errored
@@ -418,34 +362,194 @@ impl BatchState {
             item.verdict = Some(verdict);
             state
         };
-        self.settle(at);
+        self.moved(item, to, at);
+        true
     }
 
-    /// Cancels the batch: `Queued` items become `Cancelled`, `Running` ones settle when their
-    /// run ends (with their verdict if they have one). Changes nothing when already cancelled
-    /// or finished.
-    pub fn cancel(&mut self, at: DateTime<Utc>) {
+    /// Cancels the batch: nothing starts any more; its `Queued` items are to become
+    /// `Cancelled` ([`Self::cancel_item`]) and its `Running` ones settle when their run ends.
+    /// False when already cancelled or finished.
+    pub fn cancel(&mut self) -> bool {
         if self.cancelled || self.is_finished() {
-            return;
+            return false;
         }
         self.cancelled = true;
-        for item in &mut self.items {
-            if item.state == ItemState::Queued {
-                item.state = ItemState::Cancelled;
-                item.finished_at = Some(at);
-            }
-        }
-        self.settle(at);
+        true
     }
 
-    fn settle(&mut self, at: DateTime<Utc>) {
+    /// A `Queued` item of a cancelled batch becomes `Cancelled`. Whether it changed.
+    pub fn cancel_item(&mut self, item: &mut BatchItem, at: DateTime<Utc>) -> bool {
+        if !self.cancelled || item.state != ItemState::Queued {
+            return false;
+        }
+        item.finished_at = Some(at);
+        self.moved(item, ItemState::Cancelled, at);
+        true
+    }
+
+    /// Moves the item to `to`, keeping the counts, and notes the batch's end.
+    fn moved(&mut self, item: &mut BatchItem, to: ItemState, at: DateTime<Utc>) {
+        let from = item.state;
+        *self.counts.of_mut(from) = self.counts.of_mut(from).saturating_sub(1);
+        *self.counts.of_mut(to) += 1;
+        item.state = to;
         if self.finished_at.is_none() && self.is_finished() {
             self.finished_at = Some(at);
         }
     }
 }
 
-fn queued(item_id: &str, trial: u32) -> BatchItem {
+/// A whole batch: its header and every item (item order, then trial order), as the reports
+/// and the API read it and as it is mirrored to object storage. Read back, its books are
+/// counted again from its items (so a stored form is never believed over its items).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(from = "StoredBatch")]
+pub struct BatchState {
+    #[serde(flatten)]
+    header: BatchHeader,
+    pub items: Vec<BatchItem>,
+}
+
+/// [`BatchState`]'s stored form, before its books are counted.
+#[derive(Deserialize)]
+struct StoredBatch {
+    #[serde(flatten)]
+    header: BatchHeader,
+    items: Vec<BatchItem>,
+}
+
+impl From<StoredBatch> for BatchState {
+    fn from(s: StoredBatch) -> Self {
+        BatchState::from_parts(s.header, s.items)
+    }
+}
+
+impl std::ops::Deref for BatchState {
+    type Target = BatchHeader;
+    fn deref(&self) -> &BatchHeader {
+        &self.header
+    }
+}
+
+impl BatchState {
+    /// One `Queued` item, attempt 1, per dataset item and trial (item order, then trial).
+    pub fn new(
+        batch_id: BatchId,
+        graph: impl Into<String>,
+        graph_ref: impl Into<String>,
+        spec: BatchSpec,
+        items: &[DatasetItem],
+        at: DateTime<Utc>,
+    ) -> Self {
+        let items: Vec<BatchItem> = items
+            .iter()
+            .flat_map(|item| (1..=spec.trials).map(move |trial| queued(&item.id, trial)))
+            .collect();
+        let header = BatchHeader {
+            v: BATCH_STATE_VERSION,
+            batch_id,
+            graph: graph.into(),
+            graph_ref: graph_ref.into(),
+            spec,
+            created_at: at,
+            finished_at: items.is_empty().then_some(at),
+            cancelled: false,
+            counts: BatchCounts::default(),
+            cost_usd: 0.0,
+            tokens: 0,
+        };
+        Self::from_parts(header, items)
+    }
+
+    /// A batch of this header and these items, its books counted from the items.
+    pub fn from_parts(mut header: BatchHeader, items: Vec<BatchItem>) -> Self {
+        let mut counts = BatchCounts {
+            total: items.len(),
+            ..BatchCounts::default()
+        };
+        let (mut cost_usd, mut tokens) = (0.0, 0u64);
+        for item in &items {
+            *counts.of_mut(item.state) += 1;
+            cost_usd += item.cost_usd;
+            tokens = tokens.saturating_add(item.tokens);
+        }
+        header.counts = counts;
+        header.cost_usd = cost_usd;
+        header.tokens = tokens;
+        Self { header, items }
+    }
+
+    pub fn header(&self) -> &BatchHeader {
+        &self.header
+    }
+
+    pub fn counts(&self) -> BatchCounts {
+        self.header.counts
+    }
+
+    /// The items to start now: `Queued` ones in order, as many as [`BatchHeader::room`]
+    /// leaves.
+    pub fn to_start(&self, max_new: usize) -> Vec<usize> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.state == ItemState::Queued)
+            .map(|(index, _)| index)
+            .take(self.header.room(max_new))
+            .collect()
+    }
+
+    /// The run of the item's current attempt ([`BatchHeader::run_id_for`]).
+    ///
+    /// # Panics
+    /// When `index` is not an item's.
+    pub fn run_id_for(&self, index: usize) -> RunId {
+        self.header.run_id_for(&self.items[index])
+    }
+
+    /// [`BatchHeader::start_item`] of the item at `index` (an unknown index changes nothing).
+    pub fn started(&mut self, index: usize, run_id: RunId, at: DateTime<Utc>) {
+        if let Some(item) = self.items.get_mut(index) {
+            self.header.start_item(item, run_id, at);
+        }
+    }
+
+    /// [`BatchHeader::finish_item`] of the item at `index` (an unknown index changes nothing).
+    pub fn finished(&mut self, index: usize, outcome: &ItemOutcome, at: DateTime<Utc>) {
+        if let Some(item) = self.items.get_mut(index) {
+            self.header.finish_item(item, outcome, at);
+        }
+    }
+
+    /// Cancels the batch ([`BatchHeader::cancel`]) and every `Queued` item.
+    pub fn cancel(&mut self, at: DateTime<Utc>) {
+        if self.header.cancel() {
+            for item in &mut self.items {
+                self.header.cancel_item(item, at);
+            }
+        }
+    }
+
+    /// Replaces the item at `index` (a store applying a [`super::BatchSlice`]'s changes); the
+    /// books are the caller's to keep (the slice's header).
+    pub(crate) fn set_item(&mut self, index: usize, item: BatchItem) {
+        if let Some(slot) = self.items.get_mut(index) {
+            *slot = item;
+        }
+    }
+
+    /// The header, to change what a test needs (the books are the test's to keep).
+    #[cfg(test)]
+    pub(crate) fn header_mut(&mut self) -> &mut BatchHeader {
+        &mut self.header
+    }
+
+    pub(crate) fn set_header(&mut self, header: BatchHeader) {
+        self.header = header;
+    }
+}
+
+pub(crate) fn queued(item_id: &str, trial: u32) -> BatchItem {
     BatchItem {
         item_id: item_id.to_string(),
         trial,
@@ -464,112 +568,6 @@ fn queued(item_id: &str, trial: u32) -> BatchItem {
         started_at: None,
         finished_at: None,
     }
-}
-
-/// What an ended run means for its batch item:
-/// - `verdict`: the result's `verdict` when it is a string (the factory writes `PASS` or
-///   `FAIL`), else `PASS` for a succeeded run and `FAIL` for a failed one; none for a run that
-///   has not ended, was cancelled or hit an infrastructure error;
-/// - `ended_stage`: the result's `ended_stage` when a string;
-/// - `infra_error`: the run failed, and either one of its outcomes has job status `error` or
-///   `dead` (the infrastructure failed, not the agent), or the result's `reason` is one of
-///   [`INFRA_REASONS`]; timeouts, invalid output and budgets are the agent's;
-/// - `error`: the result's `reason` (with its node and detail), else the first infrastructure
-///   failure's node and error, else the last failed outcome's; at most [`MAX_ERROR_CHARS`];
-/// - `cost_usd` and `tokens` (input plus output): summed over the run's outcomes; `steps` (jobs
-///   a worker answered) and `cache_hits` (of those, results reused from the step cache);
-/// - the verdict is [`FLAKY_VERDICT`] when the run failed (not for the infrastructure) at a job
-///   whose output says `flaky: true` (a test run whose verdict would have depended on the
-///   run), unless the result names its own; the error then lists the flaky tests
-///   ([`super::flaky::flaky_of`], [`flaky_error`]).
-pub fn outcome_of(run: &RunState) -> ItemOutcome {
-    let null = Value::Null;
-    let result = run.result.as_ref().unwrap_or(&null);
-    let reason = result["reason"].as_str();
-    let infra_reason = reason.is_some_and(|r| INFRA_REASONS.contains(&r));
-    let infra_job = run
-        .history
-        .iter()
-        .find(|o| matches!(o.status, JobStatus::Error | JobStatus::Dead));
-    let infra_error = run.status == RunStatus::Failed && (infra_reason || infra_job.is_some());
-    let (flaky, ended_flaky) = flaky_of(run);
-    let verdict = match run.status {
-        RunStatus::Succeeded | RunStatus::Failed if !infra_error => Some(
-            result["verdict"]
-                .as_str()
-                .unwrap_or(if run.status == RunStatus::Succeeded {
-                    "PASS"
-                } else if ended_flaky {
-                    FLAKY_VERDICT
-                } else {
-                    "FAIL"
-                })
-                .to_string(),
-        ),
-        _ => None,
-    };
-    let of_job = |o: &crate::engine::Outcome| {
-        let status = serde_json::to_value(o.status).unwrap_or(Value::Null);
-        let status = status.as_str().unwrap_or("failed");
-        match &o.error {
-            Some(e) => format!("node {} {status}: {e}", o.node),
-            None => format!("node {} {status}", o.node),
-        }
-    };
-    let error = match (reason, infra_job) {
-        (Some(r), _) if infra_reason || !infra_error => Some(reason_text(r, result)),
-        (_, Some(o)) if infra_error => Some(of_job(o)),
-        _ if run.status == RunStatus::Failed => run
-            .history
-            .iter()
-            .rev()
-            .find(|o| !o.ok && o.error.is_some())
-            .map(of_job),
-        _ => None,
-    };
-    let error = match verdict.as_deref() {
-        Some(FLAKY_VERDICT) => Some(flaky_error(&flaky)),
-        _ => error,
-    };
-    let (mut cost_usd, mut tokens, mut steps, mut cache_hits) = (0.0, 0u64, 0u32, 0u32);
-    for o in &run.history {
-        if !o.worker.is_empty() {
-            steps = steps.saturating_add(1);
-        }
-        if o.cached_from.is_some() {
-            cache_hits = cache_hits.saturating_add(1);
-        }
-        cost_usd += o.usage.cost_usd;
-        tokens = tokens
-            .saturating_add(o.usage.input_tokens)
-            .saturating_add(o.usage.output_tokens);
-    }
-    ItemOutcome {
-        status: run.status,
-        verdict,
-        ended_stage: result["ended_stage"].as_str().map(String::from),
-        error: error.map(|e| head(&e, MAX_ERROR_CHARS)),
-        infra_error,
-        cost_usd,
-        tokens,
-        flaky_tests: flaky,
-        steps,
-        cache_hits,
-    }
-}
-
-/// `<reason>[ at node <node>][: <detail>]`.
-fn reason_text(reason: &str, result: &Value) -> String {
-    let mut text = reason.to_string();
-    if let Some(node) = result["node"].as_str() {
-        text.push_str(&format!(" at node {node}"));
-    }
-    match &result["detail"] {
-        Value::Null => {}
-        Value::String(d) => text.push_str(&format!(": {d}")),
-        other => text.push_str(&format!(": {other}")),
-    }
-    text
 }
 
 /// The batch's id: the first 16 hex digits of the sha256 of the canonical JSON of the graph's

@@ -131,9 +131,9 @@ fn the_page_shows_the_json_reports_figures() {
 #[test]
 fn every_text_from_the_state_is_escaped() {
     let mut b = mixed();
-    b.graph = EVIL.into();
-    b.graph_ref = EVIL.into();
-    b.spec.labels = [("k".into(), EVIL.into())].into();
+    b.header_mut().graph = EVIL.into();
+    b.header_mut().graph_ref = EVIL.into();
+    b.header_mut().spec.labels = [("k".into(), EVIL.into())].into();
     b.items[1].ended_stage = Some(EVIL.into());
     b.items[1].verdict = Some(EVIL.into());
     b.items[3].error = Some(EVIL.into());
@@ -211,8 +211,8 @@ fn histograms_bin_every_finite_value() {
 /// `b` with one failed item and one errored, their texts (and the graph's and a label's) set.
 fn with_texts(graph: &str, label: &str, stage: &str, error: &str) -> BatchState {
     let mut b = batch(&["a", "b"], spec(1, 2));
-    b.graph = graph.into();
-    b.spec.labels = [(label.into(), label.into())].into();
+    b.header_mut().graph = graph.into();
+    b.header_mut().spec.labels = [(label.into(), label.into())].into();
     b.started(0, b.run_id_for(0), t(1));
     let fail = ItemOutcome {
         ended_stage: Some(stage.into()),

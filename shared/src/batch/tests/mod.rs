@@ -5,6 +5,7 @@ mod flaky;
 mod html;
 mod outcome;
 mod report;
+mod slice;
 mod state;
 
 use super::*;

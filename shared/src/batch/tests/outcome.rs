@@ -1,4 +1,5 @@
-use super::super::state::{INFRA_REASONS, MAX_ERROR_CHARS};
+use super::super::outcome::INFRA_REASONS;
+use super::super::state::MAX_ERROR_CHARS;
 use super::*;
 use crate::engine::{Outcome, RunState, RunStatus};
 use crate::ids::{JobId, NodeId, RunId};

@@ -44,7 +44,7 @@ pub(super) fn mixed() -> BatchState {
     b.finished(3, &infra("dead again"), t(50));
     b.started(3, b.run_id_for(3), t(51));
     b.finished(3, &infra("still dead"), t(60));
-    b.spec.labels = [("model".into(), "m<1>".into())].into();
+    b.header_mut().spec.labels = [("model".into(), "m<1>".into())].into();
     b
 }
 
@@ -151,7 +151,7 @@ fn read_xml(xml: &str) -> (Vec<Element>, Vec<String>) {
 #[test]
 fn junit_has_one_case_per_item_and_trial_and_escapes_everything() {
     let mut b = mixed();
-    b.graph = "g<&\"'>".into();
+    b.header_mut().graph = "g<&\"'>".into();
     b.items[1].error = Some("assert 1 < 2 && \"x\" != 'y'\n\tnext\u{1}".into());
     b.items[1].ended_stage = Some("<stage>".into());
     b.items[3].error = Some("lost & \"found\"".into());
@@ -233,8 +233,8 @@ proptest! {
         graph in arb_text(), error in arb_text(), stage in arb_text(), label in arb_text(),
     ) {
         let mut b = batch(&["a", "b"], spec(1, 2));
-        b.graph = graph.clone();
-        b.spec.labels = [("k".into(), label.clone())].into();
+        b.header_mut().graph = graph.clone();
+        b.header_mut().spec.labels = [("k".into(), label.clone())].into();
         b.started(0, b.run_id_for(0), t(1));
         let fail = ItemOutcome {
             ended_stage: Some(stage.clone()),

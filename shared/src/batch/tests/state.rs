@@ -92,7 +92,7 @@ fn run_ids_are_deterministic_valid_and_unique() {
     b.items[0].attempt = u32::MAX;
     let last = b.run_id_for(0);
     assert!(valid_run_id(last.as_str()) && seen.insert(last));
-    b.batch_id = BatchId::new("not a plain id, and long too");
+    b.header_mut().batch_id = BatchId::new("not a plain id, and long too");
     let other = b.run_id_for(1);
     assert!(valid_run_id(other.as_str()) && seen.insert(other));
 }

@@ -20,8 +20,12 @@ use shared::engine::RunState;
 use shared::ids::{JobId, RunId};
 use shared::messages::JobEnvelope;
 use shared::ports::{CasOutcome, OutboxMessage, RunStore};
-use shared::schedule::{ScheduleDef, ScheduleState};
 use std::time::Duration;
+
+mod batches;
+mod schedules;
+pub use batches::*;
+pub use schedules::*;
 
 /// What the adapter under test is allowed to do differently.
 #[derive(Clone, Debug)]
@@ -79,7 +83,7 @@ fn now_ms() -> i64 {
 }
 
 /// Pause long enough that two creations get different creation times (milliseconds).
-async fn tick() {
+pub(super) async fn tick() {
     tokio::time::sleep(Duration::from_millis(5)).await;
 }
 
@@ -374,165 +378,6 @@ pub async fn the_epoch_is_set_once(s: &dyn RunStore, _: &Profile) {
     );
 }
 
-/// A batch of one item, as a store sees it (opaque but for its id and whether it finished).
-pub fn batch(id: &str) -> shared::batch::BatchState {
-    let items = shared::batch::parse_dataset(r#"{"id": "a", "repo": "/r"}"#).expect("an item");
-    let spec = shared::batch::BatchSpec {
-        trials: 1,
-        max_running: 1,
-        max_infra_retries: 0,
-        labels: Default::default(),
-        weight: 1,
-    };
-    shared::batch::BatchState::new(
-        shared::ids::BatchId::new(id),
-        "g",
-        "graphs/g.json",
-        spec,
-        &items,
-        chrono::Utc::now(),
-    )
-}
-
-pub async fn batches_are_created_once_and_written_by_version(s: &dyn RunStore, _: &Profile) {
-    let b = batch("b1");
-    assert!(s.create_batch(&b).await.unwrap());
-    assert!(!s.create_batch(&b).await.unwrap(), "created once");
-    let (got, v) = s.load_batch(&b.batch_id).await.unwrap().expect("stored");
-    assert_eq!(got, b);
-    let mut next = got.clone();
-    next.spec.max_running = 2;
-    assert_eq!(
-        s.commit_batch(&next, v).await.unwrap(),
-        CasOutcome::Committed
-    );
-    assert_eq!(
-        s.commit_batch(&next, v).await.unwrap(),
-        CasOutcome::Conflict,
-        "a stale version is refused"
-    );
-    let (got, v2) = s.load_batch(&b.batch_id).await.unwrap().expect("stored");
-    assert_eq!((got.spec.max_running, v2), (2, v + 1));
-    let unknown = shared::ids::BatchId::new("nope");
-    assert!(s.load_batch(&unknown).await.unwrap().is_none());
-    let ghost = batch("nope");
-    assert_eq!(
-        s.commit_batch(&ghost, 1).await.unwrap(),
-        CasOutcome::Conflict,
-        "no write to a batch that does not exist"
-    );
-    assert!(s.load_batch(&unknown).await.unwrap().is_none());
-}
-
-pub async fn finished_batches_leave_the_active_set(s: &dyn RunStore, _: &Profile) {
-    let (b1, b2) = (batch("b1"), batch("b2"));
-    s.create_batch(&b1).await.unwrap();
-    tick().await;
-    let mut b2 = b2;
-    b2.created_at = chrono::Utc::now();
-    s.create_batch(&b2).await.unwrap();
-    let ids =
-        |v: Vec<shared::ids::BatchId>| -> Vec<String> { v.iter().map(|i| i.to_string()).collect() };
-    assert_eq!(ids(s.list_batches().await.unwrap()), vec!["b2", "b1"]);
-    let mut active = ids(s.active_batches().await.unwrap());
-    active.sort();
-    assert_eq!(active, vec!["b1", "b2"]);
-    // Cancelling a batch with nothing running settles it: it is finished.
-    let (mut done, v) = s.load_batch(&b1.batch_id).await.unwrap().expect("stored");
-    done.cancel(chrono::Utc::now());
-    assert!(done.is_finished());
-    s.commit_batch(&done, v).await.unwrap();
-    assert_eq!(ids(s.active_batches().await.unwrap()), vec!["b2"]);
-    assert_eq!(
-        ids(s.list_batches().await.unwrap()),
-        vec!["b2", "b1"],
-        "still listed"
-    );
-}
-
-/// A schedule as a store sees it (opaque but for its name and its state's uid): its definition
-/// and first state, `created` seconds into 2026.
-pub fn schedule(name: &str, created: i64) -> (ScheduleDef, ScheduleState) {
-    let yaml = "name: g\nstart: done\nnodes:\n  done:\n    kind: exit\n    status: 'true'\n";
-    let graph = shared::graph::load_bundle("g.yaml", yaml, |p| Err(p.to_string())).expect("graph");
-    let spec = serde_json::from_value(serde_json::json!({"max_running": 1})).expect("a spec");
-    let dataset = "{\"id\": \"a\", \"repo\": \"/r\"}\n".to_string();
-    let def = ScheduleDef {
-        v: 1,
-        name: name.into(),
-        cron: "0 2 * * *".into(),
-        graph,
-        dataset_sha256: shared::hashing::sha256_hex(dataset.as_bytes()),
-        dataset,
-        agent: Default::default(),
-        options: serde_json::Value::Null,
-        spec,
-        webhook: None,
-        created_at: chrono::DateTime::from_timestamp(1_767_225_600 + created, 0).expect("a time"),
-        mirror_dir: None,
-    };
-    let state = ScheduleState::new(&def);
-    (def, state)
-}
-
-pub async fn schedules_are_added_once_and_listed_by_name(s: &dyn RunStore, _: &Profile) {
-    let (def, state) = schedule("nightly", 0);
-    assert!(s.add_schedule(&def, &state).await.unwrap());
-    let (other, other_state) = schedule("nightly", 1);
-    assert!(
-        !s.add_schedule(&other, &other_state).await.unwrap(),
-        "the name is taken"
-    );
-    assert_eq!(s.schedule_def("nightly").await.unwrap(), Some(def));
-    assert_eq!(s.schedule_state("nightly").await.unwrap(), Some((state, 1)));
-    let (b, b_state) = schedule("a-first", 2);
-    assert!(s.add_schedule(&b, &b_state).await.unwrap());
-    assert_eq!(
-        s.list_schedules().await.unwrap(),
-        vec!["a-first", "nightly"]
-    );
-    assert!(s.schedule_def("nope").await.unwrap().is_none());
-    assert!(s.schedule_state("nope").await.unwrap().is_none());
-}
-
-pub async fn schedule_states_are_written_by_version_and_uid(s: &dyn RunStore, _: &Profile) {
-    let (def, state) = schedule("n", 0);
-    s.add_schedule(&def, &state).await.unwrap();
-    let mut next = state.clone();
-    next.claim_run_now(def.created_at, "c1");
-    assert_eq!(
-        s.commit_schedule(&next, 1).await.unwrap(),
-        CasOutcome::Committed
-    );
-    assert_eq!(
-        s.commit_schedule(&next, 1).await.unwrap(),
-        CasOutcome::Conflict,
-        "the version moved on"
-    );
-    assert_eq!(
-        s.schedule_state("n").await.unwrap(),
-        Some((next.clone(), 2))
-    );
-    // Removed, then added again: the same name, another schedule.
-    assert!(s.remove_schedule("n").await.unwrap());
-    assert!(!s.remove_schedule("n").await.unwrap(), "removed once");
-    assert_eq!(
-        s.commit_schedule(&next, 2).await.unwrap(),
-        CasOutcome::Conflict
-    );
-    assert!(s.schedule_state("n").await.unwrap().is_none());
-    assert!(s.list_schedules().await.unwrap().is_empty());
-    let (again, fresh) = schedule("n", 5);
-    assert_ne!(again.uid(), def.uid());
-    s.add_schedule(&again, &fresh).await.unwrap();
-    assert_eq!(
-        s.commit_schedule(&state, 1).await.unwrap(),
-        CasOutcome::Conflict,
-        "a write meant for the removed schedule"
-    );
-    assert_eq!(s.schedule_state("n").await.unwrap(), Some((fresh, 1)));
-}
-
 /// One `#[tokio::test]` per case of the run-store contract. `$fresh` is an expression that
 /// gives a fresh, empty store (it may `.await`), `$profile` the adapter's [`Profile`].
 #[macro_export]
@@ -552,6 +397,7 @@ macro_rules! run_store_conformance {
             list_is_newest_first,
             the_epoch_is_set_once,
             batches_are_created_once_and_written_by_version,
+            large_batches_keep_their_items_in_order,
             finished_batches_leave_the_active_set,
             schedules_are_added_once_and_listed_by_name,
             schedule_states_are_written_by_version_and_uid,
