@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Batch benchmarks, side by side in one run (release build): a batch of N trivial items on 1, 2
-# and 4 worker processes (throughput, scaling efficiency), the submit time and coordinator memory
-# of the largest batch, and a factory batch rerun with nothing changed against its first run
+# and 4 worker processes (throughput, scaling efficiency), a 1,000-item batch against one of the
+# largest size (100,000 items: submit time, coordinator memory, summary latency, rate, cancel),
+# and a factory batch rerun with nothing changed against its first run
 # (the step cache).
 # Usage: scripts/bench-batch.sh [--n N] [--slots S]   (1000, 32)
 set -euo pipefail

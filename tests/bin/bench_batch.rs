@@ -3,8 +3,10 @@
 //! 1. Throughput: a batch of N trivial items (one no-op harness job each, step cache off) on
 //!    1, 2 and 4 worker processes; items per second and the scaling efficiency against one
 //!    worker.
-//! 2. Submit: the time to submit a batch of the largest size a batch may have
-//!    (`MAX_BATCH_ITEMS`) and the coordinator's resident memory before and after.
+//! 2. Size: a batch of 1,000 trivial items and one of the largest size a batch may have
+//!    (`MAX_BATCH_ITEMS`, 100,000), each on one worker: submit time, the coordinator's resident
+//!    memory, the summary's latency, items per second over the first items, and the time a
+//!    cancel takes to settle every queued item.
 //! 3. The step cache: a batch of factory items (scripted agents) run, then rerun with nothing
 //!    changed (`fleet batch rerun --all`): wall time and steps reused.
 
@@ -40,6 +42,79 @@ fn trivial_dataset(stack: &Stack, repo: &str, n: usize, tag: &str) -> anyhow::Re
     let path = stack.dir.path().join(format!("{tag}.jsonl"));
     std::fs::write(&path, lines.join("\n") + "\n")?;
     Ok(path.display().to_string())
+}
+
+/// Items settled before the rate of a large batch is read.
+const FIRST: u64 = 300;
+
+/// One row of the size table: submit a batch of `size` trivial items, read its summary, let
+/// its first [`FIRST`] items settle, then cancel it and wait for the rest to be cancelled.
+async fn size_row(graph: &str, size: usize, slots: usize) -> anyhow::Result<()> {
+    let slots_s = slots.to_string();
+    let stack = Stack::start_config(StackConfig {
+        tag: "bsize",
+        workers: 1,
+        concurrency: 8,
+        worker_env: &[("FLEET_STEP_CACHE", "off")],
+        coordinator_env: &[("FLEET_BATCH_SLOTS", &slots_s)],
+        ..Default::default()
+    })
+    .await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let data = trivial_dataset(&stack, &repo, size, "s")?;
+    let t = Instant::now();
+    let id = submit(
+        &stack,
+        &[
+            "batch",
+            "submit",
+            &data,
+            "--graph",
+            graph,
+            "--max-running",
+            &slots_s,
+        ],
+    )?;
+    let submit_secs = t.elapsed().as_secs_f64();
+    let summary_path = format!("/v1/batches/{id}/summary");
+    let t = Instant::now();
+    for _ in 0..20 {
+        stack.get(&summary_path).await?;
+    }
+    let summary_ms = t.elapsed().as_secs_f64() * 1000.0 / 20.0;
+    let t = Instant::now();
+    let done_at_start = stack.get(&summary_path).await?["progress"]["done"]
+        .as_u64()
+        .unwrap_or(0);
+    loop {
+        let v = stack.get(&summary_path).await?;
+        if v["progress"]["done"].as_u64().unwrap_or(0) >= FIRST {
+            break;
+        }
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(600), "too slow: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rate = (FIRST - done_at_start.min(FIRST)) as f64 / t.elapsed().as_secs_f64();
+    let rss = rss_mib(stack.coordinator_pid());
+    let t = Instant::now();
+    submit(&stack, &["batch", "cancel", &id])?;
+    loop {
+        let v = stack.get(&summary_path).await?;
+        if v["batch"]["finished_at"].is_string() {
+            break;
+        }
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(600),
+            "cancel too slow: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "| {size} items | {submit_secs:.2} | {:.0} | {summary_ms:.1} | {rate:.1} | {:.1} |",
+        rss.unwrap_or(f64::NAN),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 pub async fn run(n: usize, slots: usize) -> anyhow::Result<()> {
@@ -86,27 +161,13 @@ pub async fn run(n: usize, slots: usize) -> anyhow::Result<()> {
         );
     }
 
-    // Submit the largest batch a batch may have; nothing needs to run for the measure.
-    let max = shared::batch::MAX_BATCH_ITEMS;
-    let stack = Stack::start("bsubmit", 0, &[]).await?;
-    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let data = trivial_dataset(&stack, &repo, max, "s")?;
-    let before = rss_mib(stack.coordinator_pid());
-    let t = Instant::now();
-    let id = submit(&stack, &["batch", "submit", &data, "--graph", &graph])?;
-    let submit_secs = t.elapsed().as_secs_f64();
-    // Let the driver start its first slots and settle.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let v = stack.get(&format!("/v1/batches/{id}")).await?;
-    let after = rss_mib(stack.coordinator_pid());
+    // Size: a small batch and the largest a batch may have, side by side on one worker.
     println!(
-        "\n| batch submit | items | seconds | coordinator RSS before → after (MiB) |\n|---|---|---|---|\n\
-         | {max}-item batch | {} | {submit_secs:.2} | {:.0} → {:.0} |",
-        v["counts"]["total"],
-        before.unwrap_or(f64::NAN),
-        after.unwrap_or(f64::NAN)
+        "\n| batch | submit s | coordinator RSS after (MiB) | summary ms | items/s (first {FIRST}) | cancel drain s |\n|---|---|---|---|---|---|"
     );
-    drop(stack);
+    for size in [1000, shared::batch::MAX_BATCH_ITEMS] {
+        size_row(&graph, size, slots).await?;
+    }
 
     // The step cache: a factory batch, then the same items again.
     let stack = Stack::start_with("bcache", 2, 2, &[]).await?;
