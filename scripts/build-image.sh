@@ -1,10 +1,29 @@
 #!/usr/bin/env bash
 # Builds the agent image locally (no registry here): a Debian minbase root file system made by
-# debootstrap with Python, pytest and git, imported into Docker. Cached by tag.
+# debootstrap with Python, pytest and git, imported into Docker, then the command agents of
+# images/agents/ copied into /usr/local/bin as a layer of their own. Cached by tag; the agents'
+# layer is made again whenever images/agents/ changes (the image's `fleet.agents` label).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 IMAGE="${1:-fleet-agent-py:1}"
+AGENTS_HASH="$(cd images/agents && find . -type f | sort | xargs sha256sum | sha256sum | cut -c1-16)"
+
+# The command agents, as a layer over the image (docker create, cp, commit: no registry).
+add_agents() {
+  local cid
+  cid="$(docker create "$IMAGE" true)"
+  docker cp images/agents/. "$cid:/usr/local/bin/" >/dev/null
+  docker commit --change "LABEL fleet.agents=$AGENTS_HASH" "$cid" "$IMAGE" >/dev/null
+  docker rm "$cid" >/dev/null
+  echo "[image] command agents $AGENTS_HASH added to $IMAGE"
+}
+
 if docker image inspect "$IMAGE" >/dev/null 2>&1; then
-  echo "[image] $IMAGE already present"; exit 0
+  have="$(docker image inspect -f '{{index .Config.Labels "fleet.agents"}}' "$IMAGE" 2>/dev/null || true)"
+  if [ "$have" = "$AGENTS_HASH" ]; then
+    echo "[image] $IMAGE already present"; exit 0
+  fi
+  add_agents; exit 0
 fi
 if ! command -v debootstrap >/dev/null; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -20,3 +39,4 @@ ln -sf python3 "$ROOTFS/usr/bin/python"
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb
 tar -C "$ROOTFS" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$IMAGE" >/dev/null
 echo "[image] built $IMAGE"
+add_agents

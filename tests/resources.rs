@@ -497,6 +497,7 @@ async fn containers_run_docker_init_which_reaps_zombies_and_survives_the_job_kil
         writable: false,
         harness_dir: None,
         network: false,
+        gateway_dir: None,
         lifetime: Duration::from_secs(120),
         labels: vec![(WORKER_LABEL.into(), id.clone())],
     };

@@ -270,6 +270,30 @@ fn stored_submission_hash(state: &RunState) -> String {
     .submission_hash(&state.input)
 }
 
+/// What is wrong with a command agent: no program, or budgets past `shared::limits`.
+fn command_exceeds(c: &shared::messages::CommandAgent) -> Option<String> {
+    use shared::limits::{MAX_COMMAND_CALLS, MAX_COMMAND_TOKENS};
+    if c.argv.first().is_none_or(|p| p.trim().is_empty()) {
+        return Some("the command agent has no program (`argv` is empty)".into());
+    }
+    if c.model.trim().is_empty() {
+        return Some("the command agent has no model".into());
+    }
+    if c.max_calls == 0 || c.max_calls > MAX_COMMAND_CALLS {
+        return Some(format!(
+            "max_calls is {}; it must be between 1 and {MAX_COMMAND_CALLS}",
+            c.max_calls
+        ));
+    }
+    if c.max_tokens == 0 || c.max_tokens > MAX_COMMAND_TOKENS {
+        return Some(format!(
+            "max_tokens is {}; it must be between 1 and {MAX_COMMAND_TOKENS}",
+            c.max_tokens
+        ));
+    }
+    None
+}
+
 /// What is wrong with the submission's agent for this graph, as a message: budgets past
 /// `shared::limits`, or a script that cannot drive the graph's agent nodes (empty, an empty
 /// entry for an agent node, none for the start node, or steps only for nodes that are not
@@ -285,6 +309,7 @@ fn agent_exceeds(agent: &AgentConfig, graph: &Graph) -> Option<String> {
     let llm = match agent {
         AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => c,
         AgentConfig::Scripted { script } => return script_misses(script, graph, &agents),
+        AgentConfig::Command(c) => return command_exceeds(c),
     };
     if llm.max_turns == 0 || llm.max_turns > MAX_TURNS {
         return Some(format!(
@@ -401,6 +426,27 @@ mod tests {
         assert!(agent_exceeds(&llm(20, 0), &g)
             .unwrap()
             .contains("max_tokens"));
+    }
+
+    #[test]
+    fn command_agents_without_a_program_or_past_their_limits_are_refused() {
+        let g = graph("a");
+        let command = |argv: &[&str], model: &str, calls: u32, tokens: u64| {
+            AgentConfig::Command(shared::messages::CommandAgent {
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+                api: shared::messages::LlmApi::Anthropic,
+                model: model.into(),
+                max_calls: calls,
+                max_tokens: tokens,
+            })
+        };
+        assert_eq!(agent_exceeds(&command(&["agent"], "m", 5, 100), &g), None);
+        let why = |a| agent_exceeds(&a, &g).unwrap_or_default();
+        assert!(why(command(&[], "m", 5, 100)).contains("no program"));
+        assert!(why(command(&["  "], "m", 5, 100)).contains("no program"));
+        assert!(why(command(&["agent"], " ", 5, 100)).contains("no model"));
+        assert!(why(command(&["agent"], "m", 0, 100)).contains("max_calls is 0"));
+        assert!(why(command(&["agent"], "m", 5, u64::MAX)).contains("max_tokens"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! (`apply(graph, state, event) -> (state, effects)`), wire messages, port traits, typed ids and
 //! the factory seed's harness rules. Nothing in this crate does I/O.
 
+pub mod agent_config;
 pub mod batch;
 pub mod builtins;
 pub mod engine;

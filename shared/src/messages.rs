@@ -178,59 +178,7 @@ impl ScriptStep {
     }
 }
 
-/// How agent nodes of a run are served. Belongs to the run, not the graph.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-#[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
-pub enum AgentConfig {
-    /// Per node, the steps for visits 1, 2, ... (the last repeats).
-    Scripted {
-        script: BTreeMap<String, Vec<ScriptStep>>,
-    },
-    /// The built-in agent loop over the Anthropic Messages API.
-    Anthropic(LlmConfig),
-    /// The built-in agent loop over OpenAI-compatible chat completions.
-    Openai(LlmConfig),
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        AgentConfig::Scripted {
-            script: BTreeMap::new(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LlmConfig {
-    pub model: String,
-    #[serde(default)]
-    pub temperature: f64,
-    #[serde(default = "default_max_tokens")]
-    pub max_tokens: u32,
-    #[serde(default = "default_max_turns")]
-    pub max_turns: u32,
-}
-
-fn default_max_tokens() -> u32 {
-    4096
-}
-fn default_max_turns() -> u32 {
-    20
-}
-
-impl AgentConfig {
-    /// The "model" that enters the run id: a scripted agent's model is its script.
-    pub fn model_identity(&self) -> String {
-        match self {
-            AgentConfig::Scripted { script } => {
-                format!("scripted:{}", &crate::hashing::canonical_hash(script)[..12])
-            }
-            AgentConfig::Anthropic(c) => format!("anthropic:{}", c.model),
-            AgentConfig::Openai(c) => format!("openai:{}", c.model),
-        }
-    }
-}
+pub use crate::agent_config::{AgentConfig, CommandAgent, LlmApi, LlmConfig};
 
 /// Everything a worker needs to run one job. Stored in object storage, referenced by envelope.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -69,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
                 writable: false,
                 harness_dir: None,
                 network: false,
+                gateway_dir: None,
                 lifetime: Duration::from_secs(60),
                 labels: vec![("fleet.worker".into(), "bench".into())],
             })

@@ -218,6 +218,7 @@ mod tests {
             Mounts {
                 work: "/work".into(),
                 harness: None,
+                gateway: None,
             }
         }
         async fn kill_strays(&self) -> Result<(), SandboxError> {

@@ -226,11 +226,22 @@ pub struct RunSpec {
     /// Scripted agent: JSON {node: [{files, output}, ...]}.
     #[arg(long)]
     pub script: Option<PathBuf>,
-    /// Built-in agent loop: `anthropic` or `openai`.
+    /// Built-in agent loop (or, with --agent-command, the API the command agent speaks through
+    /// the worker's gateway): `anthropic` or `openai`.
     #[arg(long)]
     pub llm_api: Option<String>,
     #[arg(long)]
     pub llm_model: Option<String>,
+    /// A command agent installed in the node's image: the program and its arguments, split on
+    /// whitespace (needs --llm-api and --llm-model).
+    #[arg(long)]
+    pub agent_command: Option<String>,
+    /// A command agent's budget per job: calls through the gateway (default 50).
+    #[arg(long)]
+    pub agent_max_calls: Option<u32>,
+    /// A command agent's budget per job: input plus output tokens (default 1,000,000).
+    #[arg(long)]
+    pub agent_max_tokens: Option<u64>,
 }
 
 #[derive(Args)]
@@ -291,6 +302,29 @@ impl RunSpec {
                     .map_err(|e| anyhow!("script `{}` is malformed: {e}", script.display()))?;
                 AgentConfig::Scripted { script }
             }
+            (None, Some(api)) if self.agent_command.is_some() => {
+                let model = self
+                    .llm_model
+                    .clone()
+                    .ok_or_else(|| anyhow!("--llm-model is required with --agent-command"))?;
+                let argv: Vec<String> = self
+                    .agent_command
+                    .iter()
+                    .flat_map(|c| c.split_whitespace())
+                    .map(str::to_string)
+                    .collect();
+                let mut agent =
+                    json!({"backend": "command", "argv": argv, "api": api, "model": model});
+                if let Some(n) = self.agent_max_calls {
+                    agent["max_calls"] = json!(n);
+                }
+                if let Some(n) = self.agent_max_tokens {
+                    agent["max_tokens"] = json!(n);
+                }
+                serde_json::from_value(agent).map_err(|e| {
+                    anyhow!("bad command agent (--llm-api is anthropic or openai): {e}")
+                })?
+            }
             (None, Some(api)) => {
                 let model = self
                     .llm_model
@@ -307,6 +341,9 @@ impl RunSpec {
                     "openai" => AgentConfig::Openai(cfg),
                     other => bail!("unknown --llm-api `{other}` (anthropic or openai)"),
                 }
+            }
+            (None, None) if self.agent_command.is_some() => {
+                bail!("--agent-command needs --llm-api and --llm-model")
             }
             (None, None) => bail!("give --script (scripted agent) or --llm-api and --llm-model"),
             (Some(_), Some(_)) => bail!("give either --script or --llm-api, not both"),

@@ -5,6 +5,8 @@
 
 mod anthropic;
 mod chat;
+pub mod command;
+pub mod gateway;
 pub mod llm;
 mod openai;
 mod provider;
@@ -57,6 +59,14 @@ pub async fn run(
         AgentConfig::Scripted { script } => scripted(job, script, prior).await,
         AgentConfig::Anthropic(c) => chat::run(&Anthropic, job, c, settings, http, prior).await,
         AgentConfig::Openai(c) => chat::run(&OpenAi, job, c, settings, http, prior).await,
+        // The runner starts the job's gateway and runs it (`command::run`).
+        AgentConfig::Command(_) => AgentOutcome {
+            status: JobStatus::Error,
+            output: Value::Null,
+            error: Some("a command agent runs only with its gateway".into()),
+            usage: Usage::default(),
+            transcript: Value::Null,
+        },
     }
 }
 

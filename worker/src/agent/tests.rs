@@ -173,6 +173,7 @@ impl Session for Recorder {
         Mounts {
             work: "/work".into(),
             harness: None,
+            gateway: None,
         }
     }
     async fn kill_strays(&self) -> Result<(), SandboxError> {

@@ -87,6 +87,7 @@ impl Session for FakeSession {
         Mounts {
             work: "/work".into(),
             harness: None,
+            gateway: None,
         }
     }
     async fn kill_strays(&self) -> Result<(), SandboxError> {

@@ -4,12 +4,13 @@
 //! then the commit handed on (`commit.rs`).
 
 use super::{RunError, Runner};
+use crate::agent::gateway::Gateway;
 use crate::harness::{Artifacts, StepOutcome};
 use crate::sandbox::disk;
 use crate::sandbox::{SandboxError, SandboxSpec, Session};
 use serde_json::{json, Value};
-use shared::graph::{NodeKind, WorktreeMode};
-use shared::messages::{JobSpec, JobStatus, Usage};
+use shared::graph::{NodeBody, NodeKind, WorktreeMode};
+use shared::messages::{AgentConfig, JobSpec, JobStatus, Usage};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -84,6 +85,16 @@ impl Runner {
         let needs_container = node.needs_container();
         let timeout = Duration::from_secs(spec.timeout_seconds);
         let container_started = Instant::now();
+        // A command agent's way to the model: its gateway, on a socket only its container
+        // mounts.
+        let gateway = match (&spec.agent, &node.body) {
+            (AgentConfig::Command(c), NodeBody::Agent(_)) => Some(
+                Gateway::start(&dir.join("gateway"), c, &self.config.llm, &self.http).map_err(
+                    |e| RunError::Transient(format!("cannot start the llm gateway: {e}")),
+                )?,
+            ),
+            _ => None,
+        };
         let session: Option<Box<dyn Session>> = if needs_container {
             let image = spec
                 .image
@@ -99,6 +110,7 @@ impl Runner {
                     .transpose()
                     .map_err(|e| RunError::Transient(e.to_string()))?,
                 network: false,
+                gateway_dir: gateway.as_ref().map(|g| g.dir().to_path_buf()),
                 lifetime: timeout + Duration::from_secs(60),
                 labels: vec![
                     (
@@ -136,8 +148,11 @@ impl Runner {
             dir,
             spec,
             &bundle,
-            worktree.as_ref(),
-            session.as_deref(),
+            super::step::Place {
+                wt: worktree.as_ref(),
+                session: session.as_deref(),
+                gateway,
+            },
             art,
         );
         // The job folder's quota is watched while the step runs: the container writes the

@@ -3,6 +3,8 @@
 //! skeleton) or a git step. What it returns is the job's outcome and usage.
 
 use super::{RunError, Runner};
+use crate::agent::command::CommandJob;
+use crate::agent::gateway::Gateway;
 use crate::agent::{self, AgentJob};
 use crate::git::Worktree;
 use crate::harness::{self, Artifacts, StepOutcome};
@@ -12,10 +14,17 @@ use crate::{mutation, verify};
 use serde_json::{json, Value};
 use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
 use shared::graph::{GraphBundle, HarnessOp, NodeBody};
-use shared::messages::{JobSpec, JobStatus, Usage};
+use shared::messages::{AgentConfig, JobSpec, JobStatus, Usage};
 use shared::paths::normalize_relative;
 use std::path::Path;
 use std::time::Duration;
+
+/// Where a step runs: its worktree, its container, and a command agent's gateway.
+pub(super) struct Place<'a> {
+    pub wt: Option<&'a Worktree>,
+    pub session: Option<&'a dyn Session>,
+    pub gateway: Option<Gateway>,
+}
 
 impl Runner {
     pub(super) async fn step(
@@ -23,10 +32,14 @@ impl Runner {
         dir: &Path,
         spec: &JobSpec,
         bundle: &GraphBundle,
-        wt: Option<&Worktree>,
-        session: Option<&dyn Session>,
+        place: Place<'_>,
         art: &mut Artifacts<'_>,
     ) -> Result<(StepOutcome, Usage), RunError> {
+        let Place {
+            wt,
+            session,
+            gateway,
+        } = place;
         let node = bundle.graph.node(&spec.node).expect("checked by execute");
         let timeout = Duration::from_secs(spec.timeout_seconds);
         let harness_dir = dir.join("harness");
@@ -92,8 +105,24 @@ impl Runner {
                     Some(key) => Some(self.blobs.get_json::<Value>(key).await?),
                     None => None,
                 };
-                let mut out =
-                    agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await;
+                let mut out = match (&spec.agent, gateway) {
+                    (AgentConfig::Command(agent), Some(gateway)) => {
+                        let socket = session
+                            .mounts()
+                            .gateway
+                            .map(|d| format!("{d}/{}", agent::gateway::SOCKET_NAME))
+                            .unwrap_or_default();
+                        let command = CommandJob {
+                            job,
+                            agent,
+                            socket,
+                            session_id: format!("{}.{}", spec.run_id, spec.node),
+                            timeout,
+                        };
+                        agent::command::run(command, gateway).await
+                    }
+                    _ => agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await,
+                };
                 if out.status == JobStatus::Ok {
                     if let (Some(claims), Some(wt)) = (&agent_node.claims, wt) {
                         let since = spec.worktree.as_ref().and_then(|w| w.run_base.as_deref());

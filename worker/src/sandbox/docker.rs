@@ -112,6 +112,9 @@ impl Sandbox for DockerSandbox {
                 if let Some(h) = &spec.harness_dir {
                     binds.push(format!("{}:{HARNESS_MOUNT}:rw", h.display()));
                 }
+                if let Some(g) = &spec.gateway_dir {
+                    binds.push(format!("{}:{}:rw", g.display(), super::GATEWAY_MOUNT));
+                }
                 binds
             }),
             network_mode: Some(if spec.network { "bridge" } else { "none" }.to_string()),
@@ -174,6 +177,7 @@ impl Sandbox for DockerSandbox {
             id: created.id,
             limits: self.limits.clone(),
             harness: spec.harness_dir.is_some(),
+            gateway: spec.gateway_dir.is_some(),
             user: self.user.clone(),
         };
         if let Err(e) = self
@@ -238,6 +242,7 @@ struct DockerSession {
     id: String,
     limits: Limits,
     harness: bool,
+    gateway: bool,
     /// The sandbox user: every exec runs as it, never as the keeper.
     user: String,
 }
@@ -325,6 +330,7 @@ impl Session for DockerSession {
         super::Mounts {
             work: MOUNT.into(),
             harness: self.harness.then(|| HARNESS_MOUNT.into()),
+            gateway: self.gateway.then(|| super::GATEWAY_MOUNT.into()),
         }
     }
 

@@ -29,6 +29,7 @@ impl Sandbox for LocalProcessSandbox {
         Ok(Box::new(LocalSession {
             dir: spec.worktree.clone(),
             harness: spec.harness_dir.clone(),
+            gateway: spec.gateway_dir.clone(),
             limits: self.limits.clone(),
         }))
     }
@@ -46,6 +47,7 @@ impl Sandbox for LocalProcessSandbox {
 struct LocalSession {
     dir: PathBuf,
     harness: Option<PathBuf>,
+    gateway: Option<PathBuf>,
     limits: Limits,
 }
 
@@ -137,6 +139,7 @@ impl Session for LocalSession {
         super::Mounts {
             work: self.dir.display().to_string(),
             harness: self.harness.as_ref().map(|h| h.display().to_string()),
+            gateway: self.gateway.as_ref().map(|g| g.display().to_string()),
         }
     }
 

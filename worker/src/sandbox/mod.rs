@@ -131,6 +131,9 @@ pub struct SandboxSpec {
     /// beside the worktree, never inside it.
     pub harness_dir: Option<PathBuf>,
     pub network: bool,
+    /// The folder of the job's LLM gateway socket (command agents), mounted at
+    /// [`GATEWAY_MOUNT`] in a container.
+    pub gateway_dir: Option<PathBuf>,
     /// The container removes itself after this long even if its worker died.
     pub lifetime: Duration,
     pub labels: Vec<(String, String)>,
@@ -187,7 +190,12 @@ pub trait Session: Send + Sync {
 pub struct Mounts {
     pub work: String,
     pub harness: Option<String>,
+    /// The folder of the LLM gateway's socket, when the job has one.
+    pub gateway: Option<String>,
 }
+
+/// Where a container sees the folder of its job's LLM gateway socket.
+pub const GATEWAY_MOUNT: &str = "/run/fleet-llm";
 
 /// Keeps the last `limit` bytes of a stream.
 pub(crate) struct TailBuffer {

@@ -1,0 +1,172 @@
+//! Command agents on the real stack: a program installed in the agent image
+//! (`images/agents/fleet-echo-agent`) runs in the job's container with no network and reaches
+//! the fake LLM server only through the worker's gateway on a unix socket. The gateway adds the
+//! key (which never enters the container: the agent reports every variable and file it can
+//! see), makes every call with the configured model, counts the usage itself, and refuses
+//! calls past the job's budget.
+
+use fleet_tests::fake_llm::{FakeLlm, ScriptedReply};
+use fleet_tests::stack::{make_calc_repo, Stack};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Duration;
+
+const KEY: &str = "sk-fleet-secret-7f3a9c";
+
+const GRAPH: &str = r#"
+name: command-agent
+start: ask
+nodes:
+  ask:
+    kind: agent
+    template: prompt.md
+    output_schema: schema.json
+    image: fleet-agent-py:1
+    worktree: {from: base, mode: ro}
+    routes: [{to: done}]
+  done: {kind: exit, status: ask.ok}
+"#;
+
+const SCHEMA: &str = r#"{
+  "type": "object",
+  "required": ["replies", "refused", "session_id", "evidence"],
+  "properties": {"replies": {"type": "array", "items": {"type": "string"}}}
+}"#;
+
+fn graph(dir: &Path) -> anyhow::Result<String> {
+    let d = dir.join("command-agent");
+    std::fs::create_dir_all(&d)?;
+    std::fs::write(d.join("graph.yaml"), GRAPH)?;
+    std::fs::write(d.join("prompt.md"), "Say DONE when you are done.")?;
+    std::fs::write(d.join("schema.json"), SCHEMA)?;
+    Ok(d.join("graph.yaml").display().to_string())
+}
+
+/// Runs the graph with the echo agent; the run's status and the agent's output.
+async fn run(stack: &Stack, extra: &[&str]) -> anyhow::Result<(Value, Value)> {
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let g = graph(stack.dir.path())?;
+    let input = stack.dir.path().join("input.json");
+    std::fs::write(&input, "{}")?;
+    let input = input.display().to_string();
+    let mut args = vec![
+        "submit",
+        "--graph",
+        &g,
+        "--repo",
+        &repo,
+        "--input",
+        &input,
+        "--llm-api",
+        "anthropic",
+        "--llm-model",
+        "fake-model",
+        "--agent-command",
+        "fleet-echo-agent",
+    ];
+    args.extend_from_slice(extra);
+    let out = stack.cli(&args)?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    let id = out.stdout.trim().to_string();
+    let status = stack.wait_run(&id, Duration::from_secs(120)).await?;
+    let output = stack
+        .node_artifact_json(&id, "ask", 1, "output.json")
+        .await?;
+    Ok((status, output))
+}
+
+async fn stack(llm: &FakeLlm, tag: &str) -> anyhow::Result<Stack> {
+    Stack::start(
+        tag,
+        1,
+        &[
+            ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
+            ("ANTHROPIC_API_KEY", KEY),
+            ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_agent_reaches_the_model_through_the_gateway_and_never_sees_the_key(
+) -> anyhow::Result<()> {
+    let llm = FakeLlm::start(vec![
+        ScriptedReply::text("thinking").with_usage(100, 10),
+        ScriptedReply::text("still thinking").with_usage(200, 20),
+        ScriptedReply::text("DONE").with_usage(300, 30),
+    ])
+    .await?;
+    let stack = stack(&llm, "cmdagent").await?;
+    let (status, output) = run(&stack, &[]).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    assert_eq!(
+        output["replies"],
+        json!(["thinking", "still thinking", "DONE"])
+    );
+    assert!(output["refused"].is_null(), "{}", output["refused"]);
+    assert!(output["session_id"]
+        .as_str()
+        .is_some_and(|s| s.ends_with(".ask")));
+
+    // The fake server saw the worker's key and the configured model, never the agent's.
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 3);
+    for r in &reqs {
+        assert_eq!(r.header("x-api-key"), Some(KEY));
+        assert_eq!(r.body["model"], "fake-model");
+    }
+    // Nothing the agent could see holds the key: its environment, /proc, the gateway's
+    // folder, the worktree, /tmp and /run. It did see the gateway's socket, and nothing else
+    // of the worker's.
+    let evidence = output["evidence"].to_string();
+    assert!(!evidence.contains(KEY), "the key reached the container");
+    assert!(!evidence.contains("ANTHROPIC_API_KEY"), "{evidence}");
+    let env = &output["evidence"]["env"];
+    assert_eq!(env["FLEET_LLM_SOCKET"], "/run/fleet-llm/llm.sock");
+    let files: Vec<&String> = output["evidence"]["files"]
+        .as_object()
+        .map(|o| o.keys().collect())
+        .unwrap_or_default();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.as_str() == "/run/fleet-llm/llm.sock"),
+        "{files:?}"
+    );
+    assert!(files.iter().any(|f| f.ends_with("calc.py")), "{files:?}");
+
+    // The usage is the gateway's count, priced by the worker.
+    let usage = &status["usage"];
+    assert_eq!(usage["llm_calls"], 3, "{status}");
+    assert_eq!(usage["input_tokens"], 600);
+    assert_eq!(usage["output_tokens"], 60);
+    let cost = usage["cost_usd"].as_f64().unwrap_or_default();
+    assert!(
+        (cost - (600.0 * 3.0 + 60.0 * 15.0) / 1e6).abs() < 1e-9,
+        "{cost}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_stops_a_command_agent_at_its_budget() -> anyhow::Result<()> {
+    let llm = FakeLlm::start(vec![ScriptedReply::text("more").with_usage(10, 1); 5]).await?;
+    let stack = stack(&llm, "cmdbudget").await?;
+    let (status, output) = run(&stack, &["--agent-max-calls", "2"]).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    assert_eq!(output["replies"], json!(["more", "more"]));
+    assert_eq!(output["refused"]["status"], 429, "{output}");
+    assert_eq!(
+        output["refused"]["body"]["error"]["type"],
+        "budget_exhausted"
+    );
+    assert_eq!(
+        llm.requests().len(),
+        2,
+        "the third call never left the worker"
+    );
+    assert_eq!(llm.remaining(), 3);
+    assert_eq!(status["usage"]["llm_calls"], 2, "{status}");
+    Ok(())
+}

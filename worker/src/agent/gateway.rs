@@ -1,0 +1,347 @@
+//! The LLM gateway of one command-agent job: an HTTP server on a unix socket that only that
+//! job's container can reach (the socket's folder is bind-mounted into it; the container has no
+//! network). It speaks the API the agent was configured with, adds the worker's key, makes
+//! every call with the configured model, and keeps the job's budget: once `max_calls` calls
+//! were made or `max_tokens` tokens spent, every further call is answered 429
+//! `budget_exhausted` (with `x-should-retry: false`). Calls are made one at a time, so the
+//! budget is exact. What the calls cost is counted here, never taken from the agent.
+
+use super::llm::{count_tokens, post_with_retry, LlmError, LlmSettings};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use serde_json::{json, Value};
+use shared::messages::{CommandAgent, LlmApi, Usage};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::net::UnixListener;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// The socket's file name in the gateway's folder.
+pub const SOCKET_NAME: &str = "llm.sock";
+
+/// A request body is at most this large (the Anthropic API's own limit).
+const MAX_BODY: usize = 32 << 20;
+
+/// One call through the gateway, as the transcript records it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CallRecord {
+    pub status: u16,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Why the gateway refused or failed the call, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Default)]
+struct Books {
+    usage: Usage,
+    calls: Vec<CallRecord>,
+}
+
+struct Shared {
+    api: LlmApi,
+    model: String,
+    max_calls: u32,
+    max_tokens: u64,
+    settings: LlmSettings,
+    http: reqwest::Client,
+    /// Held across a call: one call at a time.
+    books: Mutex<Books>,
+}
+
+/// A running gateway; [`Gateway::close`] stops it and gives its books.
+pub struct Gateway {
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gateway {
+    /// Serves the agent's API on `<dir>/llm.sock` (the folder is made, and its socket opened
+    /// to the container's user, whoever it is: only the container that mounts it reaches it).
+    pub fn start(
+        dir: &Path,
+        agent: &CommandAgent,
+        settings: &LlmSettings,
+        http: &reqwest::Client,
+    ) -> std::io::Result<Gateway> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+        let socket = dir.join(SOCKET_NAME);
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket)?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
+        let shared = Arc::new(Shared {
+            api: agent.api,
+            model: agent.model.clone(),
+            max_calls: agent.max_calls,
+            max_tokens: agent.max_tokens,
+            settings: settings.clone(),
+            http: http.clone(),
+            books: Mutex::new(Books::default()),
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(listener, shared.clone(), stop.clone()));
+        Ok(Gateway {
+            dir: dir.to_path_buf(),
+            shared,
+            stop,
+            task,
+        })
+    }
+
+    /// The folder holding the socket (what the sandbox mounts).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Stops serving; the job's usage and its calls.
+    pub async fn close(mut self) -> (Usage, Vec<CallRecord>) {
+        self.stop.cancel();
+        let _ = (&mut self.task).await;
+        let books = self.shared.books.lock().await;
+        let _ = std::fs::remove_file(self.dir.join(SOCKET_NAME));
+        (books.usage, books.calls.clone())
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn serve(listener: UnixListener, shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    warn!(error = %e, "the llm gateway cannot accept a connection");
+                    continue;
+                }
+            },
+        };
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(&shared, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                served = conn => if let Err(e) = served {
+                    debug!(error = %e, "llm gateway connection ended");
+                },
+            }
+        });
+    }
+}
+
+/// The path the API is served at.
+fn api_path(api: LlmApi) -> &'static str {
+    match api {
+        LlmApi::Anthropic => "/v1/messages",
+        LlmApi::Openai => "/v1/chat/completions",
+    }
+}
+
+/// An error in the API's own error shape.
+fn error(api: LlmApi, status: StatusCode, kind: &str, message: &str) -> Response<Full<Bytes>> {
+    let body = match api {
+        LlmApi::Anthropic => {
+            json!({"type": "error", "error": {"type": kind, "message": message}})
+        }
+        LlmApi::Openai => json!({"error": {"type": kind, "code": kind, "message": message}}),
+    };
+    respond(status, &body, kind == "budget_exhausted")
+}
+
+fn respond(status: StatusCode, body: &Value, final_answer: bool) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    if final_answer {
+        headers.insert(
+            "x-should-retry",
+            hyper::header::HeaderValue::from_static("false"),
+        );
+    }
+    resp
+}
+
+async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let api = shared.api;
+    if req.method() != hyper::Method::POST || req.uri().path() != api_path(api) {
+        let message = format!(
+            "the gateway serves POST {} only (the agent's api)",
+            api_path(api)
+        );
+        return error(api, StatusCode::NOT_FOUND, "not_found_error", &message);
+    }
+    let anthropic_version = req
+        .headers()
+        .get("anthropic-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("2023-06-01")
+        .to_string();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            let message = format!("the request body is unreadable or over {MAX_BODY} bytes: {e}");
+            return error(
+                api,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                &message,
+            );
+        }
+    };
+    let mut body: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            let message = "the request body is not a json object";
+            return error(
+                api,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                message,
+            );
+        }
+    };
+    if body["stream"] == json!(true) {
+        let message = "streaming is not served through the gateway; send `stream: false`";
+        return error(
+            api,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            message,
+        );
+    }
+    body["model"] = json!(shared.model);
+
+    let mut books = shared.books.lock().await;
+    let spent = books.usage.input_tokens + books.usage.output_tokens;
+    let made = books.calls.iter().filter(|c| c.status == 200).count() as u32;
+    if made >= shared.max_calls || spent >= shared.max_tokens {
+        let message = format!(
+            "budget_exhausted: {made} of {} calls made, {spent} of {} tokens spent",
+            shared.max_calls, shared.max_tokens
+        );
+        books.calls.push(CallRecord {
+            status: 429,
+            input_tokens: 0,
+            output_tokens: 0,
+            error: Some(message.clone()),
+        });
+        return error(
+            api,
+            StatusCode::TOO_MANY_REQUESTS,
+            "budget_exhausted",
+            &message,
+        );
+    }
+    let (url, headers, key_var) = match api {
+        LlmApi::Anthropic => (
+            format!(
+                "{}/v1/messages",
+                shared.settings.anthropic_base_url.trim_end_matches('/')
+            ),
+            shared
+                .settings
+                .anthropic_api_key
+                .clone()
+                .map(|k| vec![("x-api-key", k), ("anthropic-version", anthropic_version)]),
+            "ANTHROPIC_API_KEY",
+        ),
+        LlmApi::Openai => (
+            format!(
+                "{}/v1/chat/completions",
+                shared.settings.openai_base_url.trim_end_matches('/')
+            ),
+            shared
+                .settings
+                .openai_api_key
+                .clone()
+                .map(|k| vec![("authorization", format!("Bearer {k}"))]),
+            "OPENAI_API_KEY",
+        ),
+    };
+    let Some(headers) = headers else {
+        let message = LlmError::NoKey(key_var).to_string();
+        books.calls.push(CallRecord {
+            status: 503,
+            input_tokens: 0,
+            output_tokens: 0,
+            error: Some(message.clone()),
+        });
+        return error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message);
+    };
+    let mut usage = Usage::default();
+    let answer = post_with_retry(
+        &shared.http,
+        &url,
+        &headers,
+        &body,
+        &shared.settings,
+        &mut usage,
+    )
+    .await;
+    match answer {
+        Ok(reply) => {
+            let (input, output) = match api {
+                LlmApi::Anthropic => (
+                    reply["usage"]["input_tokens"].as_u64(),
+                    reply["usage"]["output_tokens"].as_u64(),
+                ),
+                LlmApi::Openai => (
+                    reply["usage"]["prompt_tokens"].as_u64(),
+                    reply["usage"]["completion_tokens"].as_u64(),
+                ),
+            };
+            count_tokens(&mut usage, input, output);
+            usage.cost_usd =
+                shared
+                    .settings
+                    .prices
+                    .cost(&shared.model, usage.input_tokens, usage.output_tokens);
+            books.usage.add(&usage);
+            books.calls.push(CallRecord {
+                status: 200,
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                error: None,
+            });
+            respond(StatusCode::OK, &reply, false)
+        }
+        Err(e) => {
+            let (status, message) = match &e {
+                LlmError::Api { status, body } => (*status, body.clone()),
+                other => (502, other.to_string()),
+            };
+            books.calls.push(CallRecord {
+                status,
+                input_tokens: 0,
+                output_tokens: 0,
+                error: Some(shared::text::head(&message, 2000)),
+            });
+            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            error(api, code, "api_error", &shared::text::head(&message, 2000))
+        }
+    }
+}
