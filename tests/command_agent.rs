@@ -3,7 +3,7 @@
 //! the fake LLM server only through the worker's gateway on a unix socket. The gateway adds the
 //! key (which never enters the container: the agent reports every variable and file it can
 //! see), makes every call with the configured model, counts the usage itself, and refuses
-//! calls past the job's budget.
+//! calls past what is left of the run's budget.
 
 use fleet_tests::fake_llm::{FakeLlm, ScriptedReply};
 use fleet_tests::stack::{make_calc_repo, Stack};
@@ -33,19 +33,41 @@ const SCHEMA: &str = r#"{
   "properties": {"replies": {"type": "array", "items": {"type": "string"}}}
 }"#;
 
-fn graph(dir: &Path) -> anyhow::Result<String> {
+/// Two command-agent nodes, one after the other: one run's budget over both.
+const TWO_STEPS: &str = r#"
+name: command-agent-twice
+start: ask
+nodes:
+  ask:
+    kind: agent
+    template: prompt.md
+    output_schema: schema.json
+    image: fleet-agent-py:1
+    worktree: {from: base, mode: ro}
+    routes: [{to: again}]
+  again:
+    kind: agent
+    template: prompt.md
+    output_schema: schema.json
+    image: fleet-agent-py:1
+    worktree: {from: base, mode: ro}
+    routes: [{to: done}]
+  done: {kind: exit, status: again.ok}
+"#;
+
+fn graph(dir: &Path, yaml: &str) -> anyhow::Result<String> {
     let d = dir.join("command-agent");
     std::fs::create_dir_all(&d)?;
-    std::fs::write(d.join("graph.yaml"), GRAPH)?;
+    std::fs::write(d.join("graph.yaml"), yaml)?;
     std::fs::write(d.join("prompt.md"), "Say DONE when you are done.")?;
     std::fs::write(d.join("schema.json"), SCHEMA)?;
     Ok(d.join("graph.yaml").display().to_string())
 }
 
-/// Runs the graph with the echo agent; the run's status and the agent's output.
-async fn run(stack: &Stack, extra: &[&str]) -> anyhow::Result<(Value, Value)> {
+/// Runs the graph with the echo agent; the run's id and status.
+async fn run(stack: &Stack, yaml: &str, extra: &[&str]) -> anyhow::Result<(String, Value)> {
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let g = graph(stack.dir.path())?;
+    let g = graph(stack.dir.path(), yaml)?;
     let input = stack.dir.path().join("input.json");
     std::fs::write(&input, "{}")?;
     let input = input.display().to_string();
@@ -69,10 +91,7 @@ async fn run(stack: &Stack, extra: &[&str]) -> anyhow::Result<(Value, Value)> {
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     let id = out.stdout.trim().to_string();
     let status = stack.wait_run(&id, Duration::from_secs(120)).await?;
-    let output = stack
-        .node_artifact_json(&id, "ask", 1, "output.json")
-        .await?;
-    Ok((status, output))
+    Ok((id, status))
 }
 
 async fn stack(llm: &FakeLlm, tag: &str) -> anyhow::Result<Stack> {
@@ -98,7 +117,10 @@ async fn a_command_agent_reaches_the_model_through_the_gateway_and_never_sees_th
     ])
     .await?;
     let stack = stack(&llm, "cmdagent").await?;
-    let (status, output) = run(&stack, &[]).await?;
+    let (id, status) = run(&stack, GRAPH, &[]).await?;
+    let output = stack
+        .node_artifact_json(&id, "ask", 1, "output.json")
+        .await?;
     assert_eq!(status["status"], "succeeded", "{status}");
     assert_eq!(
         output["replies"],
@@ -150,23 +172,42 @@ async fn a_command_agent_reaches_the_model_through_the_gateway_and_never_sees_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_gateway_stops_a_command_agent_at_its_budget() -> anyhow::Result<()> {
-    let llm = FakeLlm::start(vec![ScriptedReply::text("more").with_usage(10, 1); 5]).await?;
+async fn the_gateway_stops_a_command_agent_at_the_runs_budget() -> anyhow::Result<()> {
+    // Three calls for the whole run: two by the first node, one by the second, whose next
+    // call the gateway refuses.
+    let llm = FakeLlm::start(vec![
+        ScriptedReply::text("first").with_usage(10, 1),
+        ScriptedReply::text("DONE").with_usage(10, 1),
+        ScriptedReply::text("more").with_usage(10, 1),
+        ScriptedReply::text("never sent").with_usage(10, 1),
+    ])
+    .await?;
     let stack = stack(&llm, "cmdbudget").await?;
-    let (status, output) = run(&stack, &["--agent-max-calls", "2"]).await?;
+    let (id, status) = run(&stack, TWO_STEPS, &["--agent-max-calls", "3"]).await?;
     assert_eq!(status["status"], "succeeded", "{status}");
-    assert_eq!(output["replies"], json!(["more", "more"]));
-    assert_eq!(output["refused"]["status"], 429, "{output}");
+    let first = stack
+        .node_artifact_json(&id, "ask", 1, "output.json")
+        .await?;
+    assert_eq!(first["replies"], json!(["first", "DONE"]));
+    assert!(first["refused"].is_null());
+    let second = stack
+        .node_artifact_json(&id, "again", 1, "output.json")
+        .await?;
+    assert_eq!(second["replies"], json!(["more"]));
+    assert_eq!(second["refused"]["status"], 429, "{second}");
     assert_eq!(
-        output["refused"]["body"]["error"]["type"],
+        second["refused"]["body"]["error"]["type"],
         "budget_exhausted"
     );
+    assert!(second["refused"]["body"]["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("1 of 1 calls")));
     assert_eq!(
         llm.requests().len(),
-        2,
-        "the third call never left the worker"
+        3,
+        "the fourth call never left the worker"
     );
-    assert_eq!(llm.remaining(), 3);
-    assert_eq!(status["usage"]["llm_calls"], 2, "{status}");
+    assert_eq!(llm.remaining(), 1);
+    assert_eq!(status["usage"]["llm_calls"], 3, "{status}");
     Ok(())
 }

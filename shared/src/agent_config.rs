@@ -45,12 +45,35 @@ pub struct CommandAgent {
     pub api: LlmApi,
     /// Every call is made with this model, whatever the program asks for.
     pub model: String,
-    /// Calls the gateway lets one job make (then it answers 429 `budget_exhausted`).
+    /// Calls the run's command agents may make through their gateways, over every job (then
+    /// a gateway answers 429 `budget_exhausted`).
     #[serde(default = "default_max_calls")]
     pub max_calls: u32,
-    /// Input plus output tokens the gateway lets one job spend (checked before each call).
+    /// Input plus output tokens the run's command agents may spend, over every job (checked
+    /// before each call).
     #[serde(default = "default_max_job_tokens")]
     pub max_tokens: u64,
+}
+
+/// What is left of a run's command-agent budget when a job is published: its gateway allows
+/// no more. The run's usage counts finished jobs only, so agents running at once in one run
+/// may together spend up to one budget each beyond it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LlmBudget {
+    pub calls: u32,
+    pub tokens: u64,
+}
+
+impl LlmBudget {
+    /// The budget left of `agent`'s after the run spent `used`.
+    pub fn left(agent: &CommandAgent, used: &crate::messages::Usage) -> LlmBudget {
+        LlmBudget {
+            calls: agent.max_calls.saturating_sub(used.llm_calls),
+            tokens: agent
+                .max_tokens
+                .saturating_sub(used.input_tokens.saturating_add(used.output_tokens)),
+        }
+    }
 }
 
 fn default_max_calls() -> u32 {
@@ -102,5 +125,50 @@ impl AgentConfig {
                 &crate::hashing::canonical_hash(&c.argv)[..12]
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::Usage;
+
+    #[test]
+    fn the_budget_left_is_the_runs_less_what_it_spent_never_below_zero() {
+        let agent = CommandAgent {
+            argv: vec!["a".into()],
+            api: LlmApi::Openai,
+            model: "m".into(),
+            max_calls: 5,
+            max_tokens: 1000,
+        };
+        let used = |calls, input, output| Usage {
+            llm_calls: calls,
+            input_tokens: input,
+            output_tokens: output,
+            cost_usd: 0.0,
+        };
+        let left = |u: Usage| LlmBudget::left(&agent, &u);
+        assert_eq!(
+            left(used(0, 0, 0)),
+            LlmBudget {
+                calls: 5,
+                tokens: 1000
+            }
+        );
+        assert_eq!(
+            left(used(2, 300, 100)),
+            LlmBudget {
+                calls: 3,
+                tokens: 600
+            }
+        );
+        assert_eq!(
+            left(used(9, u64::MAX, 7)),
+            LlmBudget {
+                calls: 0,
+                tokens: 0
+            }
+        );
     }
 }

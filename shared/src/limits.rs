@@ -23,7 +23,7 @@ pub const MAX_FANOUT: usize = 10_000;
 /// An agent's turns and output tokens per call.
 pub const MAX_TURNS: u32 = 1_000;
 pub const MAX_TOKENS: u32 = 1_000_000;
-/// A command agent's budget per job: calls through the gateway and tokens over them.
+/// A command agent's budget per run: calls through the gateways and tokens over them.
 pub const MAX_COMMAND_CALLS: u32 = 10_000;
 pub const MAX_COMMAND_TOKENS: u64 = 100_000_000;
 /// Instructions one template render or one expression evaluation may execute (minijinja's

@@ -178,7 +178,7 @@ impl ScriptStep {
     }
 }
 
-pub use crate::agent_config::{AgentConfig, CommandAgent, LlmApi, LlmConfig};
+pub use crate::agent_config::{AgentConfig, CommandAgent, LlmApi, LlmBudget, LlmConfig};
 
 /// Everything a worker needs to run one job. Stored in object storage, referenced by envelope.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -223,6 +223,9 @@ pub struct JobSpec {
     /// on git's deltas before the commit is handed on.
     #[serde(default)]
     pub write_scope: Option<crate::scope::WriteScope>,
+    /// A command agent's job: what is left of the run's LLM budget (its gateway's limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_budget: Option<LlmBudget>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]

@@ -234,6 +234,7 @@ mod tests {
             nudge_after_seconds: None,
             notify_start: false,
             write_scope: None,
+            llm_budget: None,
         }
     }
 

@@ -236,10 +236,10 @@ pub struct RunSpec {
     /// whitespace (needs --llm-api and --llm-model).
     #[arg(long)]
     pub agent_command: Option<String>,
-    /// A command agent's budget per job: calls through the gateway (default 50).
+    /// A command agent's budget per run: calls through the gateways (default 50).
     #[arg(long)]
     pub agent_max_calls: Option<u32>,
-    /// A command agent's budget per job: input plus output tokens (default 1,000,000).
+    /// A command agent's budget per run: input plus output tokens (default 1,000,000).
     #[arg(long)]
     pub agent_max_tokens: Option<u64>,
 }

@@ -10,7 +10,7 @@ use super::EngineError;
 use crate::expr::{self, ExprError};
 use crate::graph::{Node, NodeBody};
 use crate::ids::{Attempt, JobId, NodeId};
-use crate::messages::{JobSpec, WorktreeSpec, WIRE_VERSION};
+use crate::messages::{AgentConfig, JobSpec, LlmBudget, WorktreeSpec, WIRE_VERSION};
 use serde_json::{json, Map, Value};
 
 /// Where a job is published: its node, the visit and branch, the node it came from.
@@ -186,6 +186,10 @@ impl Engine<'_> {
                 _ => false,
             },
             write_scope,
+            llm_budget: match (&self.state.agent, agent) {
+                (AgentConfig::Command(c), Some(_)) => Some(LlmBudget::left(c, &self.state.usage)),
+                _ => None,
+            },
         };
         self.state.jobs.insert(
             job_id,

@@ -1,8 +1,9 @@
 //! The LLM gateway of one command-agent job: an HTTP server on a unix socket that only that
 //! job's container can reach (the socket's folder is bind-mounted into it; the container has no
 //! network). It speaks the API the agent was configured with, adds the worker's key, makes
-//! every call with the configured model, and keeps the job's budget: once `max_calls` calls
-//! were made or `max_tokens` tokens spent, every further call is answered 429
+//! every call with the configured model, and keeps the job's budget (what is left of the
+//! run's, `JobSpec::llm_budget`): once its calls were made or its tokens spent, every further
+//! call is answered 429
 //! `budget_exhausted` (with `x-should-retry: false`). Calls are made one at a time, so the
 //! budget is exact. What the calls cost is counted here, never taken from the agent.
 
@@ -12,7 +13,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Value};
-use shared::messages::{CommandAgent, LlmApi, Usage};
+use shared::messages::{CommandAgent, LlmApi, LlmBudget, Usage};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::net::UnixListener;
@@ -68,6 +69,7 @@ impl Gateway {
     pub fn start(
         dir: &Path,
         agent: &CommandAgent,
+        budget: LlmBudget,
         settings: &LlmSettings,
         http: &reqwest::Client,
     ) -> std::io::Result<Gateway> {
@@ -81,8 +83,8 @@ impl Gateway {
         let shared = Arc::new(Shared {
             api: agent.api,
             model: agent.model.clone(),
-            max_calls: agent.max_calls,
-            max_tokens: agent.max_tokens,
+            max_calls: budget.calls,
+            max_tokens: budget.tokens,
             settings: settings.clone(),
             http: http.clone(),
             books: Mutex::new(Books::default()),

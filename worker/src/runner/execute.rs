@@ -10,7 +10,7 @@ use crate::sandbox::disk;
 use crate::sandbox::{SandboxError, SandboxSpec, Session};
 use serde_json::{json, Value};
 use shared::graph::{NodeBody, NodeKind, WorktreeMode};
-use shared::messages::{AgentConfig, JobSpec, JobStatus, Usage};
+use shared::messages::{AgentConfig, JobSpec, JobStatus, LlmBudget, Usage};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -89,9 +89,15 @@ impl Runner {
         // mounts.
         let gateway = match (&spec.agent, &node.body) {
             (AgentConfig::Command(c), NodeBody::Agent(_)) => Some(
-                Gateway::start(&dir.join("gateway"), c, &self.config.llm, &self.http).map_err(
-                    |e| RunError::Transient(format!("cannot start the llm gateway: {e}")),
-                )?,
+                Gateway::start(
+                    &dir.join("gateway"),
+                    c,
+                    spec.llm_budget
+                        .unwrap_or(LlmBudget::left(c, &Usage::default())),
+                    &self.config.llm,
+                    &self.http,
+                )
+                .map_err(|e| RunError::Transient(format!("cannot start the llm gateway: {e}")))?,
             ),
             _ => None,
         };
