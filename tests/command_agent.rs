@@ -13,47 +13,27 @@ use std::time::Duration;
 
 const KEY: &str = "sk-fleet-secret-7f3a9c";
 
-const GRAPH: &str = r#"
-name: command-agent
-start: ask
-nodes:
-  ask:
-    kind: agent
-    template: prompt.md
-    output_schema: schema.json
-    image: fleet-agent-py:1
-    worktree: {from: base, mode: ro}
-    routes: [{to: done}]
-  done: {kind: exit, status: ask.ok}
-"#;
+/// A graph of command-agent nodes run one after the other (each reads the worktree), ending
+/// with the last one's status.
+fn graph_yaml(nodes: &[&str]) -> String {
+    let mut yaml = format!("name: command-agent\nstart: {}\nnodes:\n", nodes[0]);
+    for (i, node) in nodes.iter().enumerate() {
+        let next = nodes.get(i + 1).copied().unwrap_or("done");
+        yaml.push_str(&format!(
+            "  {node}:\n    kind: agent\n    template: prompt.md\n    output_schema: schema.json\n    \
+             image: fleet-agent-py:1\n    worktree: {{from: base, mode: ro}}\n    routes: [{{to: {next}}}]\n"
+        ));
+    }
+    let last = nodes[nodes.len() - 1];
+    yaml.push_str(&format!("  done: {{kind: exit, status: {last}.ok}}\n"));
+    yaml
+}
 
 const SCHEMA: &str = r#"{
   "type": "object",
   "required": ["replies", "refused", "session_id", "evidence"],
   "properties": {"replies": {"type": "array", "items": {"type": "string"}}}
 }"#;
-
-/// Two command-agent nodes, one after the other: one run's budget over both.
-const TWO_STEPS: &str = r#"
-name: command-agent-twice
-start: ask
-nodes:
-  ask:
-    kind: agent
-    template: prompt.md
-    output_schema: schema.json
-    image: fleet-agent-py:1
-    worktree: {from: base, mode: ro}
-    routes: [{to: again}]
-  again:
-    kind: agent
-    template: prompt.md
-    output_schema: schema.json
-    image: fleet-agent-py:1
-    worktree: {from: base, mode: ro}
-    routes: [{to: done}]
-  done: {kind: exit, status: again.ok}
-"#;
 
 fn graph(dir: &Path, yaml: &str) -> anyhow::Result<String> {
     let d = dir.join("command-agent");
@@ -117,7 +97,7 @@ async fn a_command_agent_reaches_the_model_through_the_gateway_and_never_sees_th
     ])
     .await?;
     let stack = stack(&llm, "cmdagent").await?;
-    let (id, status) = run(&stack, GRAPH, &[]).await?;
+    let (id, status) = run(&stack, &graph_yaml(&["ask"]), &[]).await?;
     let output = stack
         .node_artifact_json(&id, "ask", 1, "output.json")
         .await?;
@@ -183,7 +163,12 @@ async fn the_gateway_stops_a_command_agent_at_the_runs_budget() -> anyhow::Resul
     ])
     .await?;
     let stack = stack(&llm, "cmdbudget").await?;
-    let (id, status) = run(&stack, TWO_STEPS, &["--agent-max-calls", "3"]).await?;
+    let (id, status) = run(
+        &stack,
+        &graph_yaml(&["ask", "again"]),
+        &["--agent-max-calls", "3"],
+    )
+    .await?;
     assert_eq!(status["status"], "succeeded", "{status}");
     let first = stack
         .node_artifact_json(&id, "ask", 1, "output.json")

@@ -44,16 +44,21 @@ fn trivial_dataset(stack: &Stack, repo: &str, n: usize, tag: &str) -> anyhow::Re
     Ok(path.display().to_string())
 }
 
-/// Items settled before the rate of a large batch is read.
-const FIRST: u64 = 300;
-
-/// One row of the size table: submit a batch of `size` trivial items, read its summary, let
-/// its first [`FIRST`] items settle, then cancel it and wait for the rest to be cancelled.
-async fn size_row(graph: &str, size: usize, slots: usize) -> anyhow::Result<()> {
+/// A stack of `workers` workers (the step cache off) and `slots` batch slots, and a batch of
+/// `size` trivial items submitted to it with `--max-running slots`: the stack, the batch's id
+/// and when its submit began.
+async fn trivial_batch(
+    tag: &'static str,
+    workers: usize,
+    slots: usize,
+    graph: &str,
+    size: usize,
+    prefix: &str,
+) -> anyhow::Result<(Stack, String, Instant)> {
     let slots_s = slots.to_string();
     let stack = Stack::start_config(StackConfig {
-        tag: "bsize",
-        workers: 1,
+        tag,
+        workers,
         concurrency: 8,
         worker_env: &[("FLEET_STEP_CACHE", "off")],
         coordinator_env: &[("FLEET_BATCH_SLOTS", &slots_s)],
@@ -61,20 +66,28 @@ async fn size_row(graph: &str, size: usize, slots: usize) -> anyhow::Result<()> 
     })
     .await?;
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let data = trivial_dataset(&stack, &repo, size, "s")?;
+    let data = trivial_dataset(&stack, &repo, size, prefix)?;
     let t = Instant::now();
-    let id = submit(
-        &stack,
-        &[
-            "batch",
-            "submit",
-            &data,
-            "--graph",
-            graph,
-            "--max-running",
-            &slots_s,
-        ],
-    )?;
+    let args = [
+        "batch",
+        "submit",
+        &data,
+        "--graph",
+        graph,
+        "--max-running",
+        &slots_s,
+    ];
+    let id = submit(&stack, &args)?;
+    Ok((stack, id, t))
+}
+
+/// Items settled before the rate of a large batch is read.
+const FIRST: u64 = 300;
+
+/// One row of the size table: submit a batch of `size` trivial items, read its summary, let
+/// its first [`FIRST`] items settle, then cancel it and wait for the rest to be cancelled.
+async fn size_row(graph: &str, size: usize, slots: usize) -> anyhow::Result<()> {
+    let (stack, id, t) = trivial_batch("bsize", 1, slots, graph, size, "s").await?;
     let submit_secs = t.elapsed().as_secs_f64();
     let summary_path = format!("/v1/batches/{id}/summary");
     let t = Instant::now();
@@ -122,34 +135,11 @@ pub async fn run(n: usize, slots: usize) -> anyhow::Result<()> {
         .join("graphs/bench/fanout.yaml")
         .display()
         .to_string();
-    let slots_s = slots.to_string();
     let mut base_rate = None;
     println!("| workers | items | seconds | items/s | efficiency |\n|---|---|---|---|---|");
     for workers in [1usize, 2, 4] {
-        let stack = Stack::start_config(StackConfig {
-            tag: "bbatch",
-            workers,
-            concurrency: 8,
-            worker_env: &[("FLEET_STEP_CACHE", "off")],
-            coordinator_env: &[("FLEET_BATCH_SLOTS", &slots_s)],
-            ..Default::default()
-        })
-        .await?;
-        let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-        let data = trivial_dataset(&stack, &repo, n, &format!("w{workers}-"))?;
-        let t = Instant::now();
-        let id = submit(
-            &stack,
-            &[
-                "batch",
-                "submit",
-                &data,
-                "--graph",
-                &graph,
-                "--max-running",
-                &slots_s,
-            ],
-        )?;
+        let (stack, id, t) =
+            trivial_batch("bbatch", workers, slots, &graph, n, &format!("w{workers}-")).await?;
         let v = stack.wait_batch(&id, Duration::from_secs(1800)).await?;
         let secs = t.elapsed().as_secs_f64();
         anyhow::ensure!(v["counts"]["passed"] == n, "{}", v["counts"]);

@@ -81,3 +81,15 @@ fn changes(b: &mut BatchState, f: impl FnOnce(&mut BatchState)) -> bool {
     f(b);
     *b != before
 }
+
+/// Any outcome a run may report: a verdict, an infrastructure error, a cancel, or none yet.
+fn arb_outcome(kind: u8) -> ItemOutcome {
+    use crate::engine::RunStatus;
+    match kind % 6 {
+        0 => outcome(RunStatus::Succeeded, None),
+        1 => outcome(RunStatus::Failed, Some("FAIL")),
+        2 | 3 => infra("lost"),
+        4 => outcome(RunStatus::Cancelled, None),
+        _ => outcome(RunStatus::Running, None),
+    }
+}

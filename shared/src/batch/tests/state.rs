@@ -386,16 +386,6 @@ fn arb_op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn arb_outcome(kind: u8) -> ItemOutcome {
-    match kind % 6 {
-        0 => outcome(RunStatus::Succeeded, None),
-        1 => outcome(RunStatus::Failed, Some("FAIL")),
-        2 | 3 => infra("lost"),
-        4 => outcome(RunStatus::Cancelled, None),
-        _ => outcome(RunStatus::Running, None),
-    }
-}
-
 proptest! {
     #![proptest_config(cases(256))]
 
