@@ -97,9 +97,11 @@ async fn a_command_agent_reaches_the_model_through_the_gateway_and_never_sees_th
     ])
     .await?;
     let stack = stack(&llm, "cmdagent").await?;
-    let (id, status) = run(&stack, &graph_yaml(&["ask"]), &[]).await?;
+    // A long node name makes a long job folder: the socket's path must still fit (107 bytes).
+    let node = "ask_with_a_name_long_enough_to_push_the_job_folder_past_a_socket_path";
+    let (id, status) = run(&stack, &graph_yaml(&[node]), &[]).await?;
     let output = stack
-        .node_artifact_json(&id, "ask", 1, "output.json")
+        .node_artifact_json(&id, node, 1, "output.json")
         .await?;
     assert_eq!(status["status"], "succeeded", "{status}");
     assert_eq!(
@@ -109,7 +111,7 @@ async fn a_command_agent_reaches_the_model_through_the_gateway_and_never_sees_th
     assert!(output["refused"].is_null(), "{}", output["refused"]);
     assert!(output["session_id"]
         .as_str()
-        .is_some_and(|s| s.ends_with(".ask")));
+        .is_some_and(|s| s.ends_with(&format!(".{node}"))));
 
     // The fake server saw the worker's key and the configured model, never the agent's.
     let reqs = llm.requests();

@@ -65,7 +65,8 @@ pub struct Gateway {
 
 impl Gateway {
     /// Serves the agent's API on `<dir>/llm.sock` (the folder is made, and its socket opened
-    /// to the container's user, whoever it is: only the container that mounts it reaches it).
+    /// to the container's user, whoever it is: only the container that mounts it reaches it;
+    /// the folder is removed when the gateway closes or is dropped).
     pub fn start(
         dir: &Path,
         agent: &CommandAgent,
@@ -104,12 +105,11 @@ impl Gateway {
         &self.dir
     }
 
-    /// Stops serving; the job's usage and its calls.
+    /// Stops serving (the folder is removed); the job's usage and its calls.
     pub async fn close(mut self) -> (Usage, Vec<CallRecord>) {
         self.stop.cancel();
         let _ = (&mut self.task).await;
         let books = self.shared.books.lock().await;
-        let _ = std::fs::remove_file(self.dir.join(SOCKET_NAME));
         (books.usage, books.calls.clone())
     }
 }
@@ -117,6 +117,7 @@ impl Gateway {
 impl Drop for Gateway {
     fn drop(&mut self) {
         self.stop.cancel();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
