@@ -83,9 +83,11 @@ pub(super) struct Loaded {
 }
 
 impl Loaded {
-    fn new(req: BatchRequest) -> Result<Self, DriverError> {
+    fn new(mut req: BatchRequest) -> Result<Self, DriverError> {
         let items = shared::batch::parse_dataset(&req.dataset)
             .map_err(|e| crate::submit::SubmitError::Input(e.to_string()))?;
+        // Runs are made from the parsed items; the text is not kept twice.
+        req.dataset = String::new();
         Ok(Loaded {
             req,
             items: items.into_iter().map(|i| (i.id.clone(), i)).collect(),
