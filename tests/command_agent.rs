@@ -75,16 +75,17 @@ async fn run(stack: &Stack, yaml: &str, extra: &[&str]) -> anyhow::Result<(Strin
 }
 
 async fn stack(llm: &FakeLlm, tag: &str) -> anyhow::Result<Stack> {
-    Stack::start(
-        tag,
-        1,
-        &[
-            ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
-            ("ANTHROPIC_API_KEY", KEY),
-            ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
-        ],
-    )
-    .await
+    stack_with(llm, tag, &[]).await
+}
+
+async fn stack_with(llm: &FakeLlm, tag: &str, extra: &[(&str, &str)]) -> anyhow::Result<Stack> {
+    let mut env = vec![
+        ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
+        ("ANTHROPIC_API_KEY", KEY),
+        ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
+    ];
+    env.extend_from_slice(extra);
+    Stack::start(tag, 1, &env).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,5 +197,35 @@ async fn the_gateway_stops_a_command_agent_at_the_runs_budget() -> anyhow::Resul
     );
     assert_eq!(llm.remaining(), 1);
     assert_eq!(status["usage"]["llm_calls"], 3, "{status}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_rate_limit_holds_back_a_command_agents_calls() -> anyhow::Result<()> {
+    // Two calls per second to the provider: the third call waits for the first to leave the
+    // window, so it cannot be answered before a second has passed since the gateway started
+    // (a lower bound: the limit cannot make calls faster).
+    let llm = FakeLlm::start(vec![
+        ScriptedReply::text("one"),
+        ScriptedReply::text("two"),
+        ScriptedReply::text("three"),
+        ScriptedReply::text("DONE"),
+    ])
+    .await?;
+    let stack = stack_with(&llm, "cmdrate", &[("FLEET_LLM_RATE", "2/1")]).await?;
+    let (id, status) = run(&stack, &graph_yaml(&["ask"]), &[]).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let transcript = stack
+        .node_artifact_json(&id, "ask", 1, "transcript.json")
+        .await?;
+    let at: Vec<u64> = transcript["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["at_ms"].as_u64())
+        .collect();
+    assert_eq!(at.len(), 4, "{transcript}");
+    assert!(at[2] >= 1000, "the third call was answered {} ms in", at[2]);
+    assert_eq!(llm.requests().len(), 4);
     Ok(())
 }

@@ -122,6 +122,13 @@ impl WorkerSettings {
         }
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let defaults = LlmSettings::default();
+        // One limit per provider, each over every agent of this worker.
+        let rate = || -> anyhow::Result<_> {
+            env("FLEET_LLM_RATE")
+                .map(|spec| worker::agent::rate::RateLimit::parse(&spec).map(std::sync::Arc::new))
+                .transpose()
+                .map_err(|e| anyhow!(e))
+        };
         let llm = LlmSettings {
             anthropic_base_url: env("FLEET_ANTHROPIC_BASE_URL")
                 .unwrap_or(defaults.anthropic_base_url),
@@ -129,6 +136,8 @@ impl WorkerSettings {
             openai_base_url: env("FLEET_OPENAI_BASE_URL").unwrap_or(defaults.openai_base_url),
             openai_api_key: env("OPENAI_API_KEY"),
             prices,
+            anthropic_rate: rate()?,
+            openai_rate: rate()?,
             ..defaults
         };
         Ok(WorkerConfig {

@@ -30,6 +30,8 @@ const MAX_BODY: usize = 32 << 20;
 /// One call through the gateway, as the transcript records it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CallRecord {
+    /// When the call was answered, in milliseconds since the gateway started.
+    pub at_ms: u64,
     pub status: u16,
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -45,6 +47,7 @@ struct Books {
 }
 
 struct Shared {
+    started: std::time::Instant,
     api: LlmApi,
     model: String,
     max_calls: u32,
@@ -53,6 +56,12 @@ struct Shared {
     http: reqwest::Client,
     /// Held across a call: one call at a time.
     books: Mutex<Books>,
+}
+
+impl Shared {
+    fn at_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
 }
 
 /// A running gateway; [`Gateway::close`] stops it and gives its books.
@@ -82,6 +91,7 @@ impl Gateway {
         let listener = UnixListener::bind(&socket)?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
         let shared = Arc::new(Shared {
+            started: std::time::Instant::now(),
             api: agent.api,
             model: agent.model.clone(),
             max_calls: budget.calls,
@@ -247,6 +257,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
             shared.max_calls, shared.max_tokens
         );
         books.calls.push(CallRecord {
+            at_ms: shared.at_ms(),
             status: 429,
             input_tokens: 0,
             output_tokens: 0,
@@ -288,6 +299,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     let Some(headers) = headers else {
         let message = LlmError::NoKey(key_var).to_string();
         books.calls.push(CallRecord {
+            at_ms: shared.at_ms(),
             status: 503,
             input_tokens: 0,
             output_tokens: 0,
@@ -325,6 +337,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
                     .cost(&shared.model, usage.input_tokens, usage.output_tokens);
             books.usage.add(&usage);
             books.calls.push(CallRecord {
+                at_ms: shared.at_ms(),
                 status: 200,
                 input_tokens: usage.input_tokens,
                 output_tokens: usage.output_tokens,
@@ -338,6 +351,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
                 other => (502, other.to_string()),
             };
             books.calls.push(CallRecord {
+                at_ms: shared.at_ms(),
                 status,
                 input_tokens: 0,
                 output_tokens: 0,

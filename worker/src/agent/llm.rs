@@ -88,6 +88,22 @@ pub struct LlmSettings {
     pub prices: PriceTable,
     pub max_retries: u32,
     pub request_timeout: Duration,
+    /// Calls per window to each provider, over every agent of this worker (`FLEET_LLM_RATE`).
+    pub anthropic_rate: Option<std::sync::Arc<super::rate::RateLimit>>,
+    pub openai_rate: Option<std::sync::Arc<super::rate::RateLimit>>,
+}
+
+impl LlmSettings {
+    /// The rate limit of the provider `url` belongs to, if it has one.
+    fn rate_for(&self, url: &str) -> Option<&super::rate::RateLimit> {
+        if url.starts_with(self.anthropic_base_url.as_str()) {
+            self.anthropic_rate.as_deref()
+        } else if url.starts_with(self.openai_base_url.as_str()) {
+            self.openai_rate.as_deref()
+        } else {
+            None
+        }
+    }
 }
 
 impl Default for LlmSettings {
@@ -100,6 +116,8 @@ impl Default for LlmSettings {
             prices: PriceTable::with_defaults(),
             max_retries: 6,
             request_timeout: Duration::from_secs(300),
+            anthropic_rate: None,
+            openai_rate: None,
         }
     }
 }
@@ -116,6 +134,9 @@ pub async fn post_with_retry(
     let mut attempt = 0;
     loop {
         attempt += 1;
+        if let Some(rate) = settings.rate_for(url) {
+            rate.acquire().await;
+        }
         let mut req = http.post(url).timeout(settings.request_timeout).json(body);
         for (k, v) in headers {
             req = req.header(*k, v);

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod llm;
 mod openai;
 mod provider;
+pub mod rate;
 #[cfg(test)]
 mod tests;
 
