@@ -90,7 +90,7 @@ impl Runner {
         let gateway = match (&spec.agent, &node.body) {
             (AgentConfig::Command(c), NodeBody::Agent(_)) => Some(
                 Gateway::start(
-                    &gateway_dir(dir),
+                    &gateway_dir(&self.config.work_dir, dir),
                     c,
                     spec.llm_budget
                         .unwrap_or(LlmBudget::left(c, &Usage::default())),
@@ -267,12 +267,14 @@ pub(super) fn quota_exceeded(over: disk::Exceeded, settled: disk::DiskUsage) -> 
 /// The job's harness folder (`/fleet` in its container): owned by the worker, so the job cannot
 /// replace the configuration or canary the harness lays there; only `out/`, where the runner
 /// writes its report, belongs to the container's user.
-/// The folder of a job's gateway socket: short and of its own, in the system's temporary
-/// folder (a unix socket's path is at most 107 bytes, which a job folder named after a long run
-/// and node would pass), named after the job folder so that two executions never share one.
-fn gateway_dir(job_dir: &Path) -> PathBuf {
+/// The folder of a job's gateway socket: short and of its own under the worker's folder
+/// (`<work>/gw/<16 hex>`: a unix socket's path is at most 107 bytes, which a job folder named
+/// after a long run and node would pass; and the worker's folder is the one a deployment shares
+/// with the Docker host at the same path, so the container's bind mount finds it), named after
+/// the job folder so that two executions never share one.
+fn gateway_dir(work_dir: &Path, job_dir: &Path) -> PathBuf {
     let tag = shared::hashing::sha256_hex(job_dir.as_os_str().as_encoded_bytes());
-    std::env::temp_dir().join(format!("fleet-gw-{}", &tag[..16]))
+    work_dir.join("gw").join(&tag[..16])
 }
 
 fn harness_folder(dir: &Path, user: &str) -> std::io::Result<PathBuf> {
