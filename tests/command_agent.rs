@@ -35,19 +35,28 @@ const SCHEMA: &str = r#"{
   "properties": {"replies": {"type": "array", "items": {"type": "string"}}}
 }"#;
 
-fn graph(dir: &Path, yaml: &str) -> anyhow::Result<String> {
+fn graph(dir: &Path, yaml: &str, prompt: &str) -> anyhow::Result<String> {
     let d = dir.join("command-agent");
     std::fs::create_dir_all(&d)?;
     std::fs::write(d.join("graph.yaml"), yaml)?;
-    std::fs::write(d.join("prompt.md"), "Say DONE when you are done.")?;
+    std::fs::write(d.join("prompt.md"), prompt)?;
     std::fs::write(d.join("schema.json"), SCHEMA)?;
     Ok(d.join("graph.yaml").display().to_string())
 }
 
 /// Runs the graph with the echo agent; the run's id and status.
 async fn run(stack: &Stack, yaml: &str, extra: &[&str]) -> anyhow::Result<(String, Value)> {
+    run_with_prompt(stack, yaml, "Say DONE when you are done.", extra).await
+}
+
+async fn run_with_prompt(
+    stack: &Stack,
+    yaml: &str,
+    prompt: &str,
+    extra: &[&str],
+) -> anyhow::Result<(String, Value)> {
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let g = graph(stack.dir.path(), yaml)?;
+    let g = graph(stack.dir.path(), yaml, prompt)?;
     let input = stack.dir.path().join("input.json");
     std::fs::write(&input, "{}")?;
     let input = input.display().to_string();
@@ -227,5 +236,31 @@ async fn the_workers_rate_limit_holds_back_a_command_agents_calls() -> anyhow::R
     assert_eq!(at.len(), 4, "{transcript}");
     assert!(at[2] >= 1000, "the third call was answered {} ms in", at[2]);
     assert_eq!(llm.requests().len(), 4);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_that_floods_the_gateway_with_connections_is_held_to_its_cap(
+) -> anyhow::Result<()> {
+    let llm = FakeLlm::start(vec![ScriptedReply::text("DONE")]).await?;
+    let stack = stack(&llm, "cmdflood").await?;
+    let prompt = "FLOOD the gateway, then say DONE.";
+    let (id, status) = run_with_prompt(&stack, &graph_yaml(&["ask"]), prompt, &[]).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let output = stack
+        .node_artifact_json(&id, "ask", 1, "output.json")
+        .await?;
+    // Its 64 connections went through (the extra ones wait in the socket's backlog)...
+    assert_eq!(output["flooded"], 64, "{}", output["flooded"]);
+    assert_eq!(output["replies"], json!(["DONE"]));
+    // ...but the gateway never served more than its cap at once, and then served the call.
+    let transcript = stack
+        .node_artifact_json(&id, "ask", 1, "transcript.json")
+        .await?;
+    let peak = transcript["peak_connections"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        (1..=16).contains(&peak),
+        "the gateway served {peak} connections at once"
+    );
     Ok(())
 }

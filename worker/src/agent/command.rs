@@ -73,13 +73,14 @@ pub async fn run(c: CommandJob<'_>, gateway: Gateway) -> AgentOutcome {
         .session
         .exec(&argv, Some(stdin.to_string().into_bytes()), c.timeout)
         .await;
-    let (usage, calls) = gateway.close().await;
+    let (usage, calls, peak_connections) = gateway.close().await;
     let mut transcript = json!({
         "backend": "command",
         "argv": c.agent.argv,
         "session_id": c.session_id,
         "prompt": c.job.prompt,
         "calls": calls,
+        "peak_connections": peak_connections,
     });
     let outcome = |status, output, error: Option<String>, transcript| AgentOutcome {
         status,

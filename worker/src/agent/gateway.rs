@@ -5,7 +5,9 @@
 //! run's, `JobSpec::llm_budget`): once its calls were made or its tokens spent, every further
 //! call is answered 429
 //! `budget_exhausted` (with `x-should-retry: false`). Calls are made one at a time, so the
-//! budget is exact. What the calls cost is counted here, never taken from the agent.
+//! budget is exact; at most [`MAX_CONNECTIONS`] connections are served at once, so a program
+//! cannot hold more of the worker than that. What the calls cost is counted here, never taken
+//! from the agent.
 
 use super::llm::{count_tokens, post_with_retry, LlmError, LlmSettings};
 use bytes::Bytes;
@@ -27,6 +29,13 @@ pub const SOCKET_NAME: &str = "llm.sock";
 /// A request body is at most this large (the Anthropic API's own limit).
 const MAX_BODY: usize = 32 << 20;
 
+/// Connections served at once: a program that opens more waits (in the socket's backlog), so a
+/// hostile one cannot hold more of the worker than this.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// A connection that sends no request headers for this long is closed.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// One call through the gateway, as the transcript records it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CallRecord {
@@ -46,6 +55,13 @@ struct Books {
     calls: Vec<CallRecord>,
 }
 
+/// Connections open now and the most ever open at once.
+#[derive(Default)]
+struct Connections {
+    open: usize,
+    peak: usize,
+}
+
 struct Shared {
     started: std::time::Instant,
     api: LlmApi,
@@ -56,11 +72,20 @@ struct Shared {
     http: reqwest::Client,
     /// Held across a call: one call at a time.
     books: Mutex<Books>,
+    connections: std::sync::Mutex<Connections>,
 }
 
 impl Shared {
     fn at_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// Counts a connection opened (+1) or closed (-1).
+    fn opened(&self, delta: isize) {
+        if let Ok(mut c) = self.connections.lock() {
+            c.open = c.open.saturating_add_signed(delta);
+            c.peak = c.peak.max(c.open);
+        }
     }
 }
 
@@ -99,6 +124,7 @@ impl Gateway {
             settings: settings.clone(),
             http: http.clone(),
             books: Mutex::new(Books::default()),
+            connections: std::sync::Mutex::new(Connections::default()),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(serve(listener, shared.clone(), stop.clone()));
@@ -115,12 +141,19 @@ impl Gateway {
         &self.dir
     }
 
-    /// Stops serving (the folder is removed); the job's usage and its calls.
-    pub async fn close(mut self) -> (Usage, Vec<CallRecord>) {
+    /// Stops serving (the folder is removed); the job's usage, its calls and the most
+    /// connections it served at once.
+    pub async fn close(mut self) -> (Usage, Vec<CallRecord>, usize) {
         self.stop.cancel();
         let _ = (&mut self.task).await;
         let books = self.shared.books.lock().await;
-        (books.usage, books.calls.clone())
+        let peak = self
+            .shared
+            .connections
+            .lock()
+            .map(|c| c.peak)
+            .unwrap_or_default();
+        (books.usage, books.calls.clone(), peak)
     }
 }
 
@@ -132,7 +165,16 @@ impl Drop for Gateway {
 }
 
 async fn serve(listener: UnixListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // A connection is accepted only when one of the slots is free.
+        let slot = tokio::select! {
+            _ = stop.cancelled() => return,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => return,
+            },
+        };
         let stream = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
@@ -145,12 +187,17 @@ async fn serve(listener: UnixListener, shared: Arc<Shared>, stop: CancellationTo
         };
         let shared = shared.clone();
         let stop = stop.clone();
+        shared.opened(1);
         tokio::spawn(async move {
+            let _slot = slot;
+            let counted = shared.clone();
             let service = hyper::service::service_fn(move |req| {
                 let shared = shared.clone();
                 async move { Ok::<_, std::convert::Infallible>(handle(&shared, req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(IDLE)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             tokio::select! {
                 _ = stop.cancelled() => {}
@@ -158,6 +205,7 @@ async fn serve(listener: UnixListener, shared: Arc<Shared>, stop: CancellationTo
                     debug!(error = %e, "llm gateway connection ended");
                 },
             }
+            counted.opened(-1);
         });
     }
 }
