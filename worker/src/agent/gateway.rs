@@ -9,7 +9,10 @@
 //! cannot hold more of the worker than that. What the calls cost is counted here, never taken
 //! from the agent.
 
+use super::anthropic::Anthropic;
 use super::llm::{count_tokens, post_with_retry, LlmError, LlmSettings};
+use super::openai::OpenAi;
+use super::provider::{ChatApi, Endpoint, Tokens};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -255,12 +258,6 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         );
         return error(api, StatusCode::NOT_FOUND, "not_found_error", &message);
     }
-    let anthropic_version = req
-        .headers()
-        .get("anthropic-version")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("2023-06-01")
-        .to_string();
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -304,56 +301,16 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
             "budget_exhausted: {made} of {} calls made, {spent} of {} tokens spent",
             shared.max_calls, shared.max_tokens
         );
-        books.calls.push(CallRecord {
-            at_ms: shared.at_ms(),
-            status: 429,
-            input_tokens: 0,
-            output_tokens: 0,
-            error: Some(message.clone()),
-        });
-        return error(
-            api,
-            StatusCode::TOO_MANY_REQUESTS,
-            "budget_exhausted",
-            &message,
-        );
+        return refuse(shared, &mut books, 429, "budget_exhausted", message);
     }
-    let (url, headers, key_var) = match api {
-        LlmApi::Anthropic => (
-            format!(
-                "{}/v1/messages",
-                shared.settings.anthropic_base_url.trim_end_matches('/')
-            ),
-            shared
-                .settings
-                .anthropic_api_key
-                .clone()
-                .map(|k| vec![("x-api-key", k), ("anthropic-version", anthropic_version)]),
-            "ANTHROPIC_API_KEY",
-        ),
-        LlmApi::Openai => (
-            format!(
-                "{}/v1/chat/completions",
-                shared.settings.openai_base_url.trim_end_matches('/')
-            ),
-            shared
-                .settings
-                .openai_api_key
-                .clone()
-                .map(|k| vec![("authorization", format!("Bearer {k}"))]),
-            "OPENAI_API_KEY",
-        ),
+    // The providers' own endpoint (URL, key) and usage reading, as the built-in loop uses them.
+    let (endpoint, tokens_of): (_, fn(&Value) -> Tokens) = match api {
+        LlmApi::Anthropic => (Anthropic.endpoint(&shared.settings), |b| Anthropic.usage(b)),
+        LlmApi::Openai => (OpenAi.endpoint(&shared.settings), |b| OpenAi.usage(b)),
     };
-    let Some(headers) = headers else {
-        let message = LlmError::NoKey(key_var).to_string();
-        books.calls.push(CallRecord {
-            at_ms: shared.at_ms(),
-            status: 503,
-            input_tokens: 0,
-            output_tokens: 0,
-            error: Some(message.clone()),
-        });
-        return error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message);
+    let Endpoint { url, headers } = match endpoint {
+        Ok(e) => e,
+        Err(e) => return refuse(shared, &mut books, 503, "api_error", e.to_string()),
     };
     let mut usage = Usage::default();
     let answer = post_with_retry(
@@ -367,17 +324,8 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     .await;
     match answer {
         Ok(reply) => {
-            let (input, output) = match api {
-                LlmApi::Anthropic => (
-                    reply["usage"]["input_tokens"].as_u64(),
-                    reply["usage"]["output_tokens"].as_u64(),
-                ),
-                LlmApi::Openai => (
-                    reply["usage"]["prompt_tokens"].as_u64(),
-                    reply["usage"]["completion_tokens"].as_u64(),
-                ),
-            };
-            count_tokens(&mut usage, input, output);
+            let tokens = tokens_of(&reply);
+            count_tokens(&mut usage, tokens.input, tokens.output);
             usage.cost_usd =
                 shared
                     .settings
@@ -398,15 +346,28 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
                 LlmError::Api { status, body } => (*status, body.clone()),
                 other => (502, other.to_string()),
             };
-            books.calls.push(CallRecord {
-                at_ms: shared.at_ms(),
-                status,
-                input_tokens: 0,
-                output_tokens: 0,
-                error: Some(shared::text::head(&message, 2000)),
-            });
-            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            error(api, code, "api_error", &shared::text::head(&message, 2000))
+            refuse(shared, &mut books, status, "api_error", message)
         }
     }
+}
+
+/// Records a call the gateway did not get answered (refused, or failed upstream) and answers
+/// it in the API's error shape.
+fn refuse(
+    shared: &Shared,
+    books: &mut Books,
+    status: u16,
+    kind: &str,
+    message: String,
+) -> Response<Full<Bytes>> {
+    let message = shared::text::head(&message, 2000);
+    books.calls.push(CallRecord {
+        at_ms: shared.at_ms(),
+        status,
+        input_tokens: 0,
+        output_tokens: 0,
+        error: Some(message.clone()),
+    });
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    error(shared.api, code, kind, &message)
 }
