@@ -20,6 +20,10 @@ pub const MAX_VISITS: u32 = 10_000;
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
 /// Branches one fan-out may start.
 pub const MAX_FANOUT: usize = 10_000;
+/// How deep a tree of child runs may go (`defaults.tree.max_depth`; the root is depth 0)
+/// and how many runs it may hold (`defaults.tree.max_runs`, the root included).
+pub const MAX_TREE_DEPTH: u32 = 8;
+pub const MAX_TREE_RUNS: u32 = 1_000;
 /// An agent's turns and output tokens per call.
 pub const MAX_TURNS: u32 = 1_000;
 pub const MAX_TOKENS: u32 = 1_000_000;
@@ -71,6 +75,19 @@ pub fn graph_exceeds(g: &Graph) -> Option<String> {
         return Some(format!(
             "defaults.timeout_seconds is {}; at most {MAX_TIMEOUT_SECONDS} is allowed",
             g.defaults.timeout_seconds
+        ));
+    }
+    let tree = g.defaults.tree;
+    if !(1..=MAX_TREE_DEPTH).contains(&tree.max_depth) {
+        return Some(format!(
+            "defaults.tree.max_depth is {}; it must be 1 to {MAX_TREE_DEPTH}",
+            tree.max_depth
+        ));
+    }
+    if !(2..=MAX_TREE_RUNS).contains(&tree.max_runs) {
+        return Some(format!(
+            "defaults.tree.max_runs is {}; it must be 2 to {MAX_TREE_RUNS} (the root counts)",
+            tree.max_runs
         ));
     }
     for (id, n) in &g.nodes {

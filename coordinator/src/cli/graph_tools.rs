@@ -41,6 +41,7 @@ pub fn mermaid(b: &GraphBundle) -> String {
             NodeKind::Fanout => format!("{id}[[\"{id} (fan-out)\"]]"),
             NodeKind::Approval => format!("{id}>\"{id} (approval)\"]"),
             NodeKind::Git => format!("{id}[(\"{id} (git {op})\")]"),
+            NodeKind::Spawn => format!("{id}[[\"{id} (child runs)\"]]"),
         };
         out.push_str(&format!("  {shape}\n"));
         for r in &n.routes {

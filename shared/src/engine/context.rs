@@ -69,7 +69,8 @@ impl RunState {
         ctx.insert(
             "run".into(),
             json!({"id": self.run_id, "meta": self.meta, "base_commit": self.repo.base_commit,
-                   "usage": self.usage}),
+                   "usage": self.usage, "depth": self.depth(),
+                   "parent": self.tree.as_ref().map(|t| &t.parent)}),
         );
         Value::Object(ctx)
     }

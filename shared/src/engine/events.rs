@@ -2,8 +2,9 @@
 //! cancel) and what comes out ([`Effect`]s for the driver to carry out, [`Applied`] for logs and
 //! metrics, the whole [`Transition`]), and the [`Assembler`]s of exit results.
 
+use super::children::{ChildReport, ChildRun};
 use super::state::{RunState, RunStatus};
-use crate::ids::{Attempt, JobId, NodeId};
+use crate::ids::{Attempt, JobId, NodeId, RunId};
 use crate::messages::{JobResult, JobSpec};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -59,6 +60,11 @@ pub enum Event {
     Cancel {
         at: DateTime<Utc>,
     },
+    /// A child run this run started ended.
+    ChildFinished {
+        report: Box<ChildReport>,
+        at: DateTime<Utc>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +80,12 @@ pub enum Effect {
     },
     /// Jobs the run no longer needs (it ended): workers running them may stop.
     StopJobs(Vec<JobId>),
+    /// Create and start these child runs (a spawn node).
+    StartChildren(Vec<ChildRun>),
+    /// This child run ended: tell its parent.
+    NotifyParent(Box<ChildReport>),
+    /// Cancel these child runs (their parent ended, or a sibling failed first).
+    CancelRuns(Vec<RunId>),
     /// Watch a started job: re-issue it if no result came `timeout_seconds` (plus grace) later.
     Watch {
         job_id: JobId,

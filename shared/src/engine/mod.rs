@@ -15,8 +15,10 @@
 //! - `step.rs`: the interpreter (`Engine`): entering nodes, routing, results, decisions,
 //!   observers, exits and the end of a run;
 //! - `fanout.rs`: joins (arrivals, firing) and fan-out into branches;
+//! - `children.rs`: child runs (spawn nodes, the tree's links and bounds, their ends);
 //! - `publish.rs`: building and publishing job specs, and re-issuing jobs as their next attempt.
 
+mod children;
 mod context;
 mod events;
 mod fanout;
@@ -24,6 +26,7 @@ mod publish;
 mod state;
 mod step;
 
+pub use children::{child_run_id, ChildGroup, ChildRecord, ChildReport, ChildRun, TreeLink};
 pub use events::{Applied, Assembler, Effect, Event, Transition};
 pub use state::{
     ApprovalState, Decision, JobRecord, JobState, JoinState, NewRun, Outcome, RunState, RunStatus,
@@ -82,7 +85,8 @@ pub fn apply_in_place(
         | Event::Reissue { at, .. }
         | Event::Restored { at }
         | Event::Decide { at, .. }
-        | Event::Cancel { at } => *at,
+        | Event::Cancel { at }
+        | Event::ChildFinished { at, .. } => *at,
     };
     enum Step {
         Start,
@@ -93,6 +97,7 @@ pub fn apply_in_place(
         Restored(Vec<(JobId, JobRecord)>),
         Decide(ApprovalState),
         Cancel,
+        Child,
     }
     let step = match event {
         Event::Start { .. } => {
@@ -213,6 +218,21 @@ pub fn apply_in_place(
             }
             Step::Cancel
         }
+        Event::ChildFinished { report, .. } => {
+            if state.status != RunStatus::Running {
+                return unchanged(Applied::Ignored("run is not running"));
+            }
+            let key = ChildGroup::key(&report.node, report.visit);
+            let waiting = state.children.get(&key).is_some_and(|g| {
+                g.children
+                    .get(report.index as usize)
+                    .is_some_and(|c| c.run_id == report.child && c.status.is_none())
+            });
+            if !waiting {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Child
+        }
     };
     let mut e = Engine {
         bundle,
@@ -274,6 +294,9 @@ pub fn apply_in_place(
         }
         (Step::Cancel, _) => {
             e.finish(RunStatus::Cancelled, json!({"reason": "cancelled"}));
+        }
+        (Step::Child, Event::ChildFinished { report, .. }) => {
+            e.child_finished(report)?;
         }
         _ => unreachable!("the step matches its event"),
     }

@@ -2,6 +2,7 @@
 //! ([`JobRecord`], [`JobState`]), finished visits ([`Outcome`]), joins ([`JoinState`]) and
 //! approvals ([`ApprovalState`], [`Decision`]). Serialized as is into the run store and the mirror.
 
+use super::children::{ChildGroup, ChildRun, TreeLink};
 use crate::graph::GraphBundle;
 use crate::ids::{Attempt, JobId, NodeId, RunId};
 use crate::messages::{AgentConfig, JobStatus, RepoSnapshot, Usage};
@@ -149,6 +150,15 @@ pub struct RunState {
     /// Failure signatures seen per node, for stuck detection.
     #[serde(default)]
     pub signatures: BTreeMap<NodeId, Vec<String>>,
+    /// Where this run sits in a tree of child runs (none: a root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeLink>,
+    /// Runs this run may still start below itself (none: a root that has not spawned yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawn_budget: Option<u32>,
+    /// The children of each spawn visit, by `<node>.<visit>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub children: BTreeMap<String, ChildGroup>,
 }
 
 /// What a new run starts from (everything but its graph and the time).
@@ -194,7 +204,39 @@ impl RunState {
             branches: BTreeMap::new(),
             approvals: BTreeMap::new(),
             signatures: BTreeMap::new(),
+            tree: None,
+            spawn_budget: None,
+            children: BTreeMap::new(),
         }
+    }
+
+    /// A child run as its parent's spawn decided it, not started yet.
+    pub fn new_child(child: ChildRun, bundle: &GraphBundle, at: DateTime<Utc>) -> Self {
+        let ChildRun {
+            run_id,
+            graph_ref,
+            input,
+            meta,
+            repo,
+            agent,
+            tree,
+            budget,
+        } = child;
+        let mut state = Self::new(
+            NewRun {
+                run_id,
+                graph_ref,
+                input,
+                meta,
+                repo,
+                agent,
+            },
+            bundle,
+            at,
+        );
+        state.tree = Some(tree);
+        state.spawn_budget = Some(budget);
+        state
     }
 
     pub fn last_outcome(&self, node: &NodeId) -> Option<&Outcome> {

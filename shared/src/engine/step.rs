@@ -84,6 +84,10 @@ impl Engine<'_> {
         if !stopped.is_empty() {
             self.fx.push(Effect::StopJobs(stopped));
         }
+        let orphans = self.orphans();
+        if !orphans.is_empty() {
+            self.fx.push(Effect::CancelRuns(orphans));
+        }
         let mut result = result;
         let waiting: Vec<String> = self
             .state
@@ -97,6 +101,9 @@ impl Engine<'_> {
         self.state.result = Some(result.clone());
         self.state.finished_at = Some(self.at);
         self.fx.push(Effect::Finished { status, result });
+        if let Some(report) = self.state.child_report() {
+            self.fx.push(Effect::NotifyParent(Box::new(report)));
+        }
     }
 
     pub(super) fn job_finished(
@@ -333,6 +340,7 @@ impl Engine<'_> {
             NodeBody::Fanout { over, body, join } => {
                 self.fan_out(id, FanOut { over, body, join }, visit, branch)
             }
+            NodeBody::Spawn(spawn) => self.spawn(id, spawn, visit, branch),
             NodeBody::Approval => {
                 self.state.approvals.insert(
                     id.clone(),

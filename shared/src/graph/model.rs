@@ -36,6 +36,38 @@ pub struct Defaults {
     /// context, seed, worktree...) like harness and command steps always do (`shared::step_cache`).
     #[serde(default)]
     pub cache_agent_steps: bool,
+    /// Bounds on the tree of child runs started from this graph's `spawn` nodes.
+    #[serde(default)]
+    pub tree: TreeLimits,
+}
+
+/// How deep and how large a tree of child runs may grow (the root is depth 0 and counts as
+/// one run). A run hands each child a share of the runs it may still start, so the whole
+/// tree stays within `max_runs` without any shared counter.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TreeLimits {
+    #[serde(default = "default_tree_depth")]
+    pub max_depth: u32,
+    #[serde(default = "default_tree_runs")]
+    pub max_runs: u32,
+}
+
+impl Default for TreeLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: default_tree_depth(),
+            max_runs: default_tree_runs(),
+        }
+    }
+}
+
+fn default_tree_depth() -> u32 {
+    3
+}
+
+fn default_tree_runs() -> u32 {
+    40
 }
 
 impl Default for Defaults {
@@ -44,6 +76,7 @@ impl Default for Defaults {
             image: None,
             timeout_seconds: default_timeout(),
             cache_agent_steps: false,
+            tree: TreeLimits::default(),
         }
     }
 }
@@ -75,6 +108,9 @@ pub enum NodeKind {
     /// A git step run by the harness: `cherry_pick`, `squash_merge` or `rebase` of the commits
     /// given in `with.commits` onto the worktree's base; conflicts are structured output.
     Git,
+    /// Starts one child run of this graph per item of `over` (each a real run with its own
+    /// id, linked to this one), waits for them and routes on their results.
+    Spawn,
 }
 
 /// One node: what every kind has, and the body of its kind.
@@ -135,6 +171,7 @@ pub enum NodeBody {
         join: NodeId,
     },
     Approval,
+    Spawn(SpawnBody),
     Exit {
         /// Expression deciding whether the run succeeded.
         status: String,
@@ -157,6 +194,30 @@ pub struct AgentBody {
     pub nudge_after_seconds: Option<u64>,
     /// Claims of the agent's output checked against the files it changed.
     pub claims: Option<Claims>,
+}
+
+/// A spawn node: child runs of the same graph, one per item.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpawnBody {
+    /// Expression giving the list of items, one child run each.
+    pub over: String,
+    /// Expression giving a child's input from `item` and `index` (default: the item itself);
+    /// checked against the graph's input schema.
+    pub input: Option<String>,
+    /// Expression giving the commit the children start from (default: this run's base).
+    pub base: Option<String>,
+    pub wait: SpawnWait,
+}
+
+/// When a spawn node stops waiting for its children.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnWait {
+    /// Every child finished.
+    #[default]
+    All,
+    /// Every child succeeded, or the first one that did not (the others are cancelled).
+    FirstFailure,
 }
 
 /// Harness steps a worker knows how to run.
@@ -262,6 +323,7 @@ impl Node {
             NodeBody::Join { .. } => NodeKind::Join,
             NodeBody::Fanout { .. } => NodeKind::Fanout,
             NodeBody::Approval => NodeKind::Approval,
+            NodeBody::Spawn(_) => NodeKind::Spawn,
             NodeBody::Exit { .. } => NodeKind::Exit,
         }
     }

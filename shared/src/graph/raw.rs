@@ -4,8 +4,8 @@
 //! an unknown op, each named with its node and field.
 
 use super::{
-    AgentBody, Claims, Defaults, GitOp, Graph, HarnessOp, Node, NodeBody, NodeKind, Route, Stuck,
-    Tool, WorktreeUse, Writes,
+    AgentBody, Claims, Defaults, GitOp, Graph, HarnessOp, Node, NodeBody, NodeKind, Route,
+    SpawnBody, SpawnWait, Stuck, Tool, WorktreeUse, Writes,
 };
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -117,6 +117,16 @@ pub struct RawNode {
     #[serde(default)]
     pub join: Option<NodeId>,
 
+    // spawn (and `over` above)
+    /// Expression giving a child run's input from `item` and `index`.
+    #[serde(default)]
+    pub input: Option<String>,
+    /// Expression giving the commit child runs start from.
+    #[serde(default)]
+    pub base: Option<String>,
+    #[serde(default)]
+    pub wait: Option<SpawnWait>,
+
     // exit
     #[serde(default)]
     pub status: Option<String>,
@@ -216,11 +226,15 @@ fn owners(field: &str) -> &'static [NodeKind] {
         "commands" => &[Command],
         "op" => &[Harness, Git],
         "wait_for" => &[Join],
-        "over" | "body" | "join" => &[Fanout],
+        "over" => &[Fanout, Spawn],
+        "body" | "join" => &[Fanout],
+        "input" | "base" | "wait" => &[Spawn],
         "status" | "result" => &[Exit],
         // A worktree belongs to the kinds that run in one.
         "worktree" => &[Agent, Command, Harness, Git, Fanout],
-        _ => &[Agent, Command, Harness, Git, Join, Fanout, Approval, Exit],
+        _ => &[
+            Agent, Command, Harness, Git, Join, Fanout, Approval, Spawn, Exit,
+        ],
     }
 }
 
@@ -253,6 +267,9 @@ impl RawNode {
             ("over", self.over.is_some()),
             ("body", self.body.is_some()),
             ("join", self.join.is_some()),
+            ("input", self.input.is_some()),
+            ("base", self.base.is_some()),
+            ("wait", self.wait.is_some()),
             ("status", self.status.is_some()),
             ("result", self.result.is_some()),
             ("worktree", self.worktree.is_some()),
@@ -362,6 +379,17 @@ impl RawNode {
                 )),
             },
             NodeKind::Approval => NodeBody::Approval,
+            NodeKind::Spawn => NodeBody::Spawn(SpawnBody {
+                over: need(
+                    &mut errs,
+                    "over",
+                    self.over,
+                    "a spawn node needs the list expression `over`",
+                ),
+                input: self.input,
+                base: self.base,
+                wait: self.wait.unwrap_or_default(),
+            }),
             NodeKind::Exit => {
                 if let Some(r) = &self.result {
                     if !crate::builtins::is_assembler(r) {
@@ -433,6 +461,9 @@ impl From<Node> for RawNode {
             over: None,
             body: None,
             join: None,
+            input: None,
+            base: None,
+            wait: None,
             status: None,
             result: None,
         };
@@ -456,6 +487,12 @@ impl From<Node> for RawNode {
                 raw.join = Some(join);
             }
             NodeBody::Approval => {}
+            NodeBody::Spawn(s) => {
+                raw.over = Some(s.over);
+                raw.input = s.input;
+                raw.base = s.base;
+                raw.wait = Some(s.wait);
+            }
             NodeBody::Exit { status, result } => {
                 raw.status = Some(status);
                 raw.result = result;

@@ -237,6 +237,7 @@ impl Runner {
             NodeBody::Exit { .. }
             | NodeBody::Join { .. }
             | NodeBody::Fanout { .. }
+            | NodeBody::Spawn(_)
             | NodeBody::Approval => Ok((
                 StepOutcome {
                     status: JobStatus::Error,

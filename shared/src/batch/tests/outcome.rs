@@ -62,6 +62,9 @@ pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome
         branches: BTreeMap::new(),
         approvals: BTreeMap::new(),
         signatures: BTreeMap::new(),
+        tree: None,
+        spawn_budget: None,
+        children: BTreeMap::new(),
     }
 }
 

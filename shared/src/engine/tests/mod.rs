@@ -3,6 +3,8 @@
 //!   duplicates and stale attempts, dead jobs, cancel, visit budgets);
 //! - `graphs.rs`: parallel paths and node kinds (fork and join, fan-out, approvals, advisory and
 //!   observer nodes, stuck detection, write scopes);
+//! - `children.rs`: child runs: a tree played through by an in-memory driver in any order,
+//!   its bounds, cancels cascading, first failures, reports that must not count;
 //! - `deadlines.rs`: started and queued deadlines, re-issues and restores (fencing);
 //! - `join_order.rs`: property test: joins fire once and the run ends once whatever the order,
 //!   duplicates and stale attempts of the branch results;
@@ -18,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
+mod children;
 mod deadlines;
 mod factory_runs;
 mod graphs;

@@ -248,6 +248,17 @@ pub(super) fn check_node(
                 _ => e2("join", format!("`{join}` is not a join node")),
             }
         }
+        NodeBody::Spawn(spawn) => {
+            for (field, e) in [
+                ("over", Some(&spawn.over)),
+                ("input", spawn.input.as_ref()),
+                ("base", spawn.base.as_ref()),
+            ] {
+                if let Some(Err(e)) = e.map(|e| expr::compile_check(e)) {
+                    e2(field, e.to_string());
+                }
+            }
+        }
         NodeBody::Git { .. } => {
             if !node.with.contains_key("commits") {
                 e2("with.commits", "required: the commits to apply".into());
