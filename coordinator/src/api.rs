@@ -6,6 +6,7 @@ use crate::batches::api as batches;
 use crate::driver::{Coordinator, DriverError};
 use crate::openapi::{NoSuchRun, RunPath};
 use crate::submit::{self, SubmitError, SubmitRequest};
+use crate::tree_api;
 use axum::extract::{Path, State};
 use axum::handler::Handler;
 use axum::http::{header, StatusCode};
@@ -88,7 +89,7 @@ pub fn routes() -> Vec<Route> {
         at(Get, "/v1/runs/:id/artifacts/*key", get_run_artifact),
         at(Get, "/v1/artifacts/*key", get_artifact),
     ];
-    all.extend(batches::routes());
+    all.extend(batches::routes().into_iter().chain(tree_api::routes()));
     crate::schedules::api::and_schedule_routes(all)
 }
 
@@ -224,10 +225,6 @@ async fn list_runs(State(c): State<Arc<Coordinator>>) -> ApiResult<Json<Vec<http
 }
 
 /// The status view: run, visits, every job with its state, usage.
-pub fn status_view(s: &RunState) -> http::StatusView {
-    http::StatusView::of(s)
-}
-
 #[utoipa::path(
     get, path = "/v1/runs/{id}",
     params(RunPath),
@@ -238,7 +235,7 @@ async fn run_status(
     Path(id): Path<String>,
 ) -> ApiResult<Json<http::StatusView>> {
     let s = c.load(&RunId::new(id)).await?;
-    Ok(Json(status_view(&s)))
+    Ok(Json(http::StatusView::of(&s)))
 }
 
 /// The status without the job list: cheap enough to poll while a large fan-out runs.

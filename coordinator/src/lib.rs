@@ -12,3 +12,4 @@ pub mod openapi;
 pub mod schedules;
 pub mod store;
 pub mod submit;
+pub mod tree_api;

@@ -1,5 +1,7 @@
 //! Wire messages (versioned) and the records they point to. A queue message is a small envelope
-//! carrying a content-addressed reference to its payload in object storage.
+//! carrying a content-addressed reference to its payload in object storage. The results queue
+//! also carries messages between runs of a tree (start a child, a child ended, cancel a child),
+//! which coordinators put in their outbox like jobs.
 
 use crate::graph::{NodeKind, WorktreeMode};
 use crate::ids::{Attempt, JobId, NodeId, RunId};
@@ -44,6 +46,25 @@ pub enum ResultMessage {
     /// A worker took the job (when its spec asks: `JobSpec::notify_start`).
     Started(StartNotice),
     Finished(ResultEnvelope),
+    /// From a coordinator's outbox: create and start a child run its parent's spawn decided.
+    StartRun(RunMessage),
+    /// From a coordinator's outbox: a child run ended; its parent (`run_id`) hears of it.
+    ChildFinished(RunMessage),
+    /// From a coordinator's outbox: cancel a child run (its parent ended or stopped waiting).
+    CancelRun(RunMessage),
+}
+
+/// A message between runs (through a coordinator's outbox and the results queue): the run it
+/// acts on and, for a start or a child's end, its payload (a `ChildRun` or a `ChildReport`) by
+/// content key, inline when small.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunMessage {
+    pub v: u32,
+    pub run_id: RunId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_ref: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
 }
 
 /// Why a message on the results queue was not read.
@@ -59,7 +80,13 @@ pub enum WireError {
 
 impl ResultMessage {
     /// The kinds this side reads (`kind` of the variants above).
-    pub const KINDS: [&'static str; 2] = ["started", "finished"];
+    pub const KINDS: [&'static str; 5] = [
+        "started",
+        "finished",
+        "start_run",
+        "child_finished",
+        "cancel_run",
+    ];
 
     /// Reads a message: the version first (a message of another version is not guessed at),
     /// then the kind. A message without a kind (a worker of an earlier build) is a result, or a

@@ -29,6 +29,8 @@ pub enum PortError {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum OutboxMessage {
     Job(JobEnvelope),
+    /// A message between runs, published on the results queue.
+    Run(crate::messages::ResultMessage),
 }
 
 /// Result of a compare-and-set write of a run.

@@ -172,6 +172,16 @@ pub struct RunRef {
 }
 
 #[derive(Args)]
+pub struct StatusArgs {
+    pub run_id: String,
+    /// Print the run and every child run below it, one per line, indented by depth.
+    #[arg(long)]
+    pub tree: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args)]
 pub struct ApproveArgs {
     pub run_id: String,
     pub node: String,

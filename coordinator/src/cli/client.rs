@@ -32,7 +32,8 @@ versioned!(
     RunOutcome,
     CancelAnswer,
     Decided,
-    ArtifactListing
+    ArtifactListing,
+    shared::http::RunTree
 );
 
 impl<T> Versioned for Vec<T> {
@@ -144,6 +145,11 @@ impl Client {
     /// The full status view (printed as it comes by `fleet status`).
     pub async fn status(&self, run: &str) -> anyhow::Result<Value> {
         self.get(&format!("/v1/runs/{run}")).await
+    }
+
+    /// The run and every child run below it.
+    pub async fn tree(&self, run: &str) -> anyhow::Result<shared::http::RunTree> {
+        self.get(&format!("/v1/runs/{run}/tree")).await
     }
 
     pub async fn summary(&self, run: &str) -> anyhow::Result<RunSummary> {

@@ -59,7 +59,7 @@ pub fn mermaid(b: &GraphBundle) -> String {
 }
 
 /// Mermaid classes for a run's node states (from the status view): done, failed, running,
-/// waiting, not reached.
+/// waiting, not reached; a spawn node's child runs in a box beside it.
 pub fn live_states(b: &GraphBundle, status: &Value) -> String {
     let mut out = String::from(
         "  classDef done fill:#c8f7c5,stroke:#2e7d32\n  classDef failed fill:#f7c5c5,stroke:#c62828\n  \
@@ -91,8 +91,31 @@ pub fn live_states(b: &GraphBundle, status: &Value) -> String {
         } else {
             None
         };
+        let children: Vec<&Value> = status["children"]
+            .as_array()
+            .map(|c| c.iter().filter(|c| c["node"] == id.as_str()).collect())
+            .unwrap_or_default();
+        let class = if children.iter().any(|c| c["status"].is_null()) {
+            Some("running")
+        } else {
+            class
+        };
         if let Some(c) = class {
             out.push_str(&format!("  class {id} {c}\n"));
+        }
+        if !children.is_empty() {
+            // The child runs beside their spawn node, one line each.
+            let lines: Vec<String> = children
+                .iter()
+                .map(|c| {
+                    let status = c["status"].as_str().unwrap_or("running");
+                    format!("{} {status}", c["run_id"].as_str().unwrap_or_default())
+                })
+                .collect();
+            out.push_str(&format!(
+                "  {id}__children[\"{}\"]\n  {id} -.->|child runs| {id}__children\n",
+                lines.join("<br/>")
+            ));
         }
     }
     out
@@ -144,5 +167,20 @@ nodes:
         assert!(!s.contains("class done"), "{s}");
         let waiting = live_states(&bundle(), &json!({"awaiting_approval": ["a"]}));
         assert!(waiting.contains("class a waiting"), "{waiting}");
+    }
+
+    #[test]
+    fn child_runs_are_drawn_beside_their_spawn_node_and_keep_it_running() {
+        let status = json!({
+            "visits": {"a": 1},
+            "children": [
+                {"run_id": "r-a-1-0", "node": "a", "visit": 1, "index": 0, "status": "succeeded"},
+                {"run_id": "r-a-1-1", "node": "a", "visit": 1, "index": 1, "status": null},
+            ],
+        });
+        let s = live_states(&bundle(), &status);
+        assert!(s.contains("class a running"), "{s}");
+        assert!(s.contains("r-a-1-0 succeeded<br/>r-a-1-1 running"), "{s}");
+        assert!(s.contains("a -.->|child runs| a__children"), "{s}");
     }
 }

@@ -50,8 +50,8 @@ pub enum Cmd {
     Worker(WorkerArgs),
     /// Submit a run to a coordinator; prints the run id.
     Submit(SubmitArgs),
-    /// Show a run's status.
-    Status(RunRef),
+    /// Show a run's status (JSON), or with --tree the run and its child runs as a tree.
+    Status(StatusArgs),
     /// Wait for a run to finish, with a progress display; exits 0 on success.
     Wait(WaitArgs),
     /// Show a run's job history.
@@ -146,6 +146,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             out.line(&resp.run_id)?;
             if !resp.created {
                 eprintln!("(a run with the same inputs exists; returning it)");
+            }
+            Ok(0)
+        }
+        Cmd::Status(r) if r.tree => {
+            let tree = Client::new(&r.server.server).tree(&r.run_id).await?;
+            for line in tree.tree.lines() {
+                out.line(line)?;
             }
             Ok(0)
         }

@@ -22,6 +22,12 @@ pub(super) struct Inbox {
     flushing: HashSet<RunId>,
 }
 
+/// What a message asks of the coordinator: an event for a run, or a child run to create.
+enum Inbound {
+    Event(RunId, Event),
+    Start(Box<shared::engine::ChildRun>),
+}
+
 #[derive(Debug)]
 enum HandleError {
     Poison(String),
@@ -48,7 +54,13 @@ impl Coordinator {
             let mut by_run: HashMap<RunId, Vec<(Event, Incoming)>> = HashMap::new();
             for msg in batch {
                 match self.decode(queue, &msg.body).await {
-                    Ok((run, event)) => by_run.entry(run).or_default().push((event, msg)),
+                    Ok(Inbound::Event(run, event)) => {
+                        by_run.entry(run).or_default().push((event, msg))
+                    }
+                    Ok(Inbound::Start(child)) => {
+                        let me = self.clone();
+                        tokio::spawn(async move { me.settle_start(*child, msg).await });
+                    }
                     Err(e) => {
                         if matches!(e, HandleError::Poison(_)) {
                             self.metrics.poison.inc();
@@ -128,8 +140,24 @@ impl Coordinator {
         }
     }
 
-    /// The run and event a message stands for.
-    async fn decode(&self, queue: QueueName, body: &[u8]) -> Result<(RunId, Event), HandleError> {
+    /// Creates a child run, acking once it exists (and is cancelled if its parent no longer
+    /// waits for it).
+    async fn settle_start(&self, child: shared::engine::ChildRun, msg: Incoming) {
+        let run = child.run_id.clone();
+        match self.start_child(child).await {
+            Ok(()) => {
+                let _ = msg.ack().await;
+            }
+            Err(e) => {
+                warn!(run = %run, error = %e, "could not start a child run; requeueing");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let _ = msg.requeue().await;
+            }
+        }
+    }
+
+    /// What a message stands for: an event for a run, or a child run to create.
+    async fn decode(&self, queue: QueueName, body: &[u8]) -> Result<Inbound, HandleError> {
         match queue {
             QueueName::Results => {
                 let env = match read_result(body)? {
@@ -140,9 +168,38 @@ impl Coordinator {
                             worker: notice.worker,
                             at: self.clock.now(),
                         };
-                        return Ok((notice.run_id, event));
+                        return Ok(Inbound::Event(notice.run_id, event));
                     }
                     ResultMessage::Finished(env) => env,
+                    ResultMessage::StartRun(msg) => {
+                        let child: shared::engine::ChildRun =
+                            self.run_message_body(&msg).await.map_err(blob_error)?;
+                        if child.run_id != msg.run_id {
+                            return Err(HandleError::Poison(
+                                "a start message names another run than its body".into(),
+                            ));
+                        }
+                        return Ok(Inbound::Start(Box::new(child)));
+                    }
+                    ResultMessage::ChildFinished(msg) => {
+                        let report: shared::engine::ChildReport =
+                            self.run_message_body(&msg).await.map_err(blob_error)?;
+                        if report.parent != msg.run_id {
+                            return Err(HandleError::Poison(
+                                "a child's report names another parent than its message".into(),
+                            ));
+                        }
+                        return Ok(Inbound::Event(
+                            msg.run_id,
+                            self.child_finished_event(report),
+                        ));
+                    }
+                    ResultMessage::CancelRun(msg) => {
+                        let event = Event::Cancel {
+                            at: self.clock.now(),
+                        };
+                        return Ok(Inbound::Event(msg.run_id, event));
+                    }
                 };
                 let result: JobResult = match env.result {
                     Some(inline) => *inline,
@@ -150,14 +207,9 @@ impl Coordinator {
                         .blobs
                         .get_content(&env.result_ref)
                         .await
-                        .map_err(|e| match e {
-                            BlobError::Decode { .. } | BlobError::Corrupt { .. } => {
-                                HandleError::Poison(e.to_string())
-                            }
-                            other => HandleError::Transient(other.to_string()),
-                        })?,
+                        .map_err(blob_error)?,
                 };
-                Ok((
+                Ok(Inbound::Event(
                     env.run_id,
                     Event::JobFinished {
                         result: Box::new(result),
@@ -170,7 +222,7 @@ impl Coordinator {
                     serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
                 check_wire_version(env.v)?;
                 warn!(run = %env.run_id, job = %env.job_id, "job dead-lettered");
-                Ok((
+                Ok(Inbound::Event(
                     env.run_id,
                     Event::JobDead {
                         job_id: env.job_id.clone(),
@@ -185,6 +237,14 @@ impl Coordinator {
                 "the coordinator does not take jobs".into(),
             )),
         }
+    }
+}
+
+/// A payload that does not read is poison; one that could not be fetched may read next time.
+fn blob_error(e: BlobError) -> HandleError {
+    match e {
+        BlobError::Decode { .. } | BlobError::Corrupt { .. } => HandleError::Poison(e.to_string()),
+        other => HandleError::Transient(other.to_string()),
     }
 }
 

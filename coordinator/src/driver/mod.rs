@@ -5,7 +5,8 @@
 //!
 //! The rooms: this file applies events and commits them; `mirror` keeps the copy of each run
 //! in object storage and restores runs the store lost; `relay` publishes the outbox; `inbox`
-//! consumes results and batches them per run; `watchdog` re-issues jobs past their deadline.
+//! consumes results and batches them per run; `watchdog` re-issues jobs past their deadline;
+//! `tree` carries child runs' starts, ends and cancels between runs.
 
 mod inbox;
 mod mirror;
@@ -13,6 +14,7 @@ mod relay;
 mod retention;
 #[cfg(test)]
 mod tests;
+mod tree;
 mod watchdog;
 
 use crate::metrics::CoordinatorMetrics;
@@ -228,6 +230,7 @@ impl Coordinator {
                     spec: inline.map(Box::new),
                 }));
             }
+            self.run_messages(fx, &mut out).await?;
         }
         Ok(out)
     }

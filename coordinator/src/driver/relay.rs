@@ -96,21 +96,45 @@ impl Coordinator {
     /// (duplicates are harmless: job ids are deterministic and results deduplicated). False
     /// when shut down before the broker had it.
     async fn publish_batch(&self, batch: &[String], shutdown: &CancellationToken) -> bool {
-        let mut messages = Vec::new();
+        let mut jobs = Vec::new();
+        let mut runs = Vec::new();
         for raw in batch {
             match serde_json::from_str::<OutboxMessage>(raw) {
                 Ok(OutboxMessage::Job(env)) => {
                     let body = serde_json::to_vec(&env).expect("envelope serializes");
-                    messages.push((body, format!("{}.a{}", env.job_id, env.attempt)));
+                    jobs.push((body, format!("{}.a{}", env.job_id, env.attempt)));
+                }
+                Ok(OutboxMessage::Run(msg)) => {
+                    let body = serde_json::to_vec(&msg).expect("a run message serializes");
+                    let id = format!("run.{}", shared::hashing::sha256_hex(&body));
+                    runs.push((body, id));
                 }
                 Err(e) => error!(error = %e, "dropping a malformed outbox message"),
             }
         }
+        for (queue, messages) in [(QueueName::Jobs, jobs), (QueueName::Results, runs)] {
+            if !self.publish_confirmed(queue, messages, shutdown).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Publishes `messages` on `queue` and waits for every confirm, retrying until the broker
+    /// has them all. False when shut down first.
+    async fn publish_confirmed(
+        &self,
+        queue: QueueName,
+        messages: Vec<(Vec<u8>, String)>,
+        shutdown: &CancellationToken,
+    ) -> bool {
         let mut delay = Duration::from_millis(250);
         while !messages.is_empty() {
-            match self.broker.publish_many(QueueName::Jobs, &messages).await {
+            match self.broker.publish_many(queue, &messages).await {
                 Ok(()) => {
-                    self.metrics.jobs_published.inc_by(messages.len() as u64);
+                    if queue == QueueName::Jobs {
+                        self.metrics.jobs_published.inc_by(messages.len() as u64);
+                    }
                     break;
                 }
                 Err(e) => {

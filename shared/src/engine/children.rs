@@ -73,6 +73,9 @@ pub struct ChildGroup {
     pub node: NodeId,
     pub visit: u32,
     pub branch: Option<u32>,
+    /// The commit the children start from.
+    #[serde(default)]
+    pub base: String,
     pub first_failure: bool,
     /// Set once the group is settled (every child ended, or the first failure).
     pub settled: bool,
@@ -83,6 +86,9 @@ pub struct ChildGroup {
 pub struct ChildRecord {
     pub run_id: RunId,
     pub item: Value,
+    /// The child's input (from the item and the spawn's `input`).
+    #[serde(default)]
+    pub input: Value,
     /// None while the child runs.
     pub status: Option<RunStatus>,
     #[serde(default)]
@@ -130,6 +136,54 @@ impl RunState {
     /// the tree's whole allowance less itself.
     pub fn spawn_budget(&self, max_runs: u32) -> u32 {
         self.spawn_budget.unwrap_or(max_runs.saturating_sub(1))
+    }
+
+    /// The child run of `group`'s `index`-th record, as this run's spawn decided it (and as it
+    /// is asked for again after a restore).
+    pub fn child_run(&self, group: &ChildGroup, index: usize) -> ChildRun {
+        let record = &group.children[index];
+        let mut meta = self.meta.clone();
+        if meta.get("run_id").is_some() {
+            meta["run_id"] = json!(record.run_id);
+        }
+        ChildRun {
+            run_id: record.run_id.clone(),
+            graph_ref: self.graph_ref.clone(),
+            input: record.input.clone(),
+            meta,
+            repo: RepoSnapshot {
+                url: self.repo.url.clone(),
+                base_commit: group.base.clone(),
+                packs: self.repo.packs.clone(),
+            },
+            agent: self.agent.clone(),
+            tree: TreeLink {
+                root: self
+                    .tree
+                    .as_ref()
+                    .map(|t| t.root.clone())
+                    .unwrap_or_else(|| self.run_id.clone()),
+                parent: self.run_id.clone(),
+                node: group.node.clone(),
+                visit: group.visit,
+                index: index as u32,
+                depth: self.depth() + 1,
+            },
+            budget: record.share,
+        }
+    }
+
+    /// Children every unsettled spawn still waits for, as their runs were decided.
+    pub fn open_children(&self) -> Vec<ChildRun> {
+        self.children
+            .values()
+            .filter(|g| !g.settled)
+            .flat_map(|g| {
+                (0..g.children.len())
+                    .filter(|i| g.children[*i].status.is_none())
+                    .map(|i| self.child_run(g, i))
+            })
+            .collect()
     }
 
     pub fn depth(&self) -> u32 {
@@ -243,58 +297,32 @@ impl Engine<'_> {
         let n = items.len() as u32;
         let share = (budget - n) / n;
         self.state.spawn_budget = Some(budget - n - share * n);
-        let link = |index: u32| TreeLink {
-            root: self
-                .state
-                .tree
-                .as_ref()
-                .map(|t| t.root.clone())
-                .unwrap_or_else(|| self.state.run_id.clone()),
-            parent: self.state.run_id.clone(),
-            node: id.clone(),
-            visit,
-            index,
-            depth,
-        };
-        let mut children = Vec::with_capacity(items.len());
-        let mut records = Vec::with_capacity(items.len());
-        for (index, (item, input)) in items.into_iter().zip(inputs).enumerate() {
-            let run_id = child_run_id(&self.state.run_id, id, visit, index);
-            let mut meta = self.state.meta.clone();
-            if meta.get("run_id").is_some() {
-                meta["run_id"] = json!(run_id);
-            }
-            children.push(ChildRun {
-                run_id: run_id.clone(),
-                graph_ref: self.state.graph_ref.clone(),
-                input,
-                meta,
-                repo: RepoSnapshot {
-                    url: self.state.repo.url.clone(),
-                    base_commit: base.clone(),
-                    packs: self.state.repo.packs.clone(),
-                },
-                agent: self.state.agent.clone(),
-                tree: link(index as u32),
-                budget: share,
-            });
-            records.push(ChildRecord {
-                run_id,
+        let records = items
+            .into_iter()
+            .zip(inputs)
+            .enumerate()
+            .map(|(index, (item, input))| ChildRecord {
+                run_id: child_run_id(&self.state.run_id, id, visit, index),
                 item,
+                input,
                 status: None,
                 result: Value::Null,
                 head: None,
                 share,
-            });
-        }
+            })
+            .collect();
         let group = ChildGroup {
             node: id.clone(),
             visit,
             branch,
+            base,
             first_failure: spawn.wait == crate::graph::SpawnWait::FirstFailure,
             settled: false,
             children: records,
         };
+        let children = (0..group.children.len())
+            .map(|i| self.state.child_run(&group, i))
+            .collect();
         self.state
             .children
             .insert(ChildGroup::key(id, visit), group);

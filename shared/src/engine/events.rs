@@ -45,7 +45,8 @@ pub enum Event {
     },
     /// The run was restored from its mirror after the run store lost it: every job it still
     /// waits for is issued again as its next attempt (the outbox, deadlines and results that
-    /// were lost with the store are redone; a result of an older attempt is stale).
+    /// were lost with the store are redone; a result of an older attempt is stale), and every
+    /// child run it still waits for is asked for again.
     Restored {
         at: DateTime<Utc>,
     },

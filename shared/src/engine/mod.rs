@@ -94,7 +94,7 @@ pub fn apply_in_place(
         Dead(JobRecord),
         Started(JobRecord),
         Reissue(JobRecord),
-        Restored(Vec<(JobId, JobRecord)>),
+        Restored(Vec<(JobId, JobRecord)>, Vec<ChildRun>),
         Decide(ApprovalState),
         Cancel,
         Child,
@@ -193,10 +193,15 @@ pub fn apply_in_place(
                 .filter(|(_, r)| live(r))
                 .map(|(id, r)| (id.clone(), r.clone()))
                 .collect();
-            if waiting.is_empty() {
+            let children = if state.status == RunStatus::Running {
+                state.open_children()
+            } else {
+                Vec::new()
+            };
+            if waiting.is_empty() && children.is_empty() {
                 return unchanged(Applied::Ignored("no job to re-issue"));
             }
-            Step::Restored(waiting)
+            Step::Restored(waiting, children)
         }
         Event::Decide { node, .. } => {
             let Some(approval) = state
@@ -287,9 +292,15 @@ pub fn apply_in_place(
         (Step::Reissue(record), Event::Reissue { job_id, .. }) => {
             e.reissue(job_id, record)?;
         }
-        (Step::Restored(waiting), _) => {
+        (Step::Restored(waiting, children), _) => {
             for (job_id, record) in waiting {
                 e.reissue_as_next(&job_id, record)?;
+            }
+            // Their start messages or their reports may have been lost with the store: ask
+            // for each again (a child that exists is not started twice; one that ended
+            // reports again, and a report counts once).
+            if !children.is_empty() {
+                e.fx.push(Effect::StartChildren(children));
             }
         }
         (Step::Cancel, _) => {

@@ -190,6 +190,7 @@ impl Fixture {
                     out.push(*env.result.expect("small results ride inline"))
                 }
                 ResultMessage::Started(n) => panic!("a start notice nobody asked for: {n:?}"),
+                other => panic!("workers send no message between runs: {other:?}"),
             }
         }
         out

@@ -419,3 +419,40 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_restored_parent_asks_again_for_every_child_it_still_waits_for_as_first_decided() {
+    let b = tree_bundle("all");
+    let mut fleet = Fleet::new(&b, root(&b, small_tree()));
+    while fleet.runs.len() < 3 {
+        let (run, event) = fleet.queue.pop_front().expect("the tree grows");
+        fleet.deliver(&run, event);
+    }
+    let parent = fleet.runs[&RunId::new("root")].clone();
+    let t = step(&b, &parent, Event::Restored { at: time(7) });
+    let asked: Vec<ChildRun> = t
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::StartChildren(c) => Some(c.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(asked.len(), 2);
+    for child in asked {
+        let first = &fleet.runs[&child.run_id];
+        assert_eq!(first.input, child.input);
+        assert_eq!(first.tree.as_ref(), Some(&child.tree));
+        assert_eq!(first.spawn_budget, Some(child.budget));
+        assert_eq!(first.repo.base_commit, child.repo.base_commit);
+    }
+    // Once both children reported, a restore asks for none.
+    fleet.drain(|_| 0);
+    let done = fleet.runs[&RunId::new("root")].clone();
+    let t = apply(&b, &done, &Event::Restored { at: time(8) }, &assembler).unwrap();
+    assert!(!t
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::StartChildren(_))));
+}

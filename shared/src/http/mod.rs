@@ -2,6 +2,10 @@
 //! (`coordinator::cli::client`): one definition per body, so the two cannot drift apart. Every
 //! body names the API version it speaks (`v`); a client refuses a body of another version.
 
+mod tree;
+
+pub use tree::{ChildView, RunTree, TreeLinkView, TreeView};
+
 use crate::engine::{ApprovalState, JobState, RunState, RunStatus};
 use crate::ids::{JobId, NodeId, RunId};
 use crate::messages::{JobStatus, Usage};
@@ -182,6 +186,12 @@ pub struct StatusView {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Where this run sits in a tree of child runs (none for a root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeLinkView>,
+    /// The child runs its spawn nodes started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildView>,
 }
 
 impl StatusView {
@@ -240,6 +250,8 @@ impl StatusView {
             created_at: s.created_at,
             updated_at: s.updated_at,
             finished_at: s.finished_at,
+            tree: TreeLinkView::of(s),
+            children: ChildView::all(s),
         }
     }
 }
