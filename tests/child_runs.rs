@@ -293,3 +293,144 @@ async fn a_tree_survives_redis_losing_everything_while_a_grandchild_runs() -> an
     );
     Ok(())
 }
+
+/// Siblings that merge while the other still works: each child writes its file, waits
+/// `input.sleep` seconds, then its `merge` checks the files `expect` names and broadcasts
+/// `merged`; a sibling still running rebases its work onto the merged commit (git, conflicts
+/// structured) and merges from there. A rebase that conflicts fails the child.
+const SIBLINGS: &str = r#"
+name: siblings
+start: work
+on_sibling: {merged: rebase}
+defaults:
+  image: fleet-agent-py:1
+  tree: {max_depth: 1, max_runs: 5}
+nodes:
+  work:
+    kind: command
+    worktree: {from: base, mode: rw, commit: true}
+    writes: ["input.file"]
+    commands: ["python3 -c \"open('{{ input.file }}', 'w').write('{{ input.text }}')\""]
+    routes:
+      - {to: kids, when: "run.depth == 0"}
+      - {to: wait}
+  wait:
+    kind: command
+    worktree: {from: work, mode: ro}
+    commands: ["sleep {{ input.sleep or 0 }}"]
+    routes: [{to: merge}]
+  merge:
+    kind: command
+    worktree: {from: [work, rebase], mode: rw, commit: true}
+    writes: []
+    broadcast: merged
+    commands:
+      - "python3 -c \"import os, sys; sys.exit(0 if all(os.path.exists(f) for f in '{{ (input.expect or []) | join(',') }}'.split(',') if f) else 1)\""
+    routes:
+      - {to: done, when: merge.ok}
+      - {to: failed}
+  rebase:
+    kind: git
+    op: rebase
+    worktree: {from: event, mode: rw, commit: true}
+    with: {commits: "[work.commit]"}
+    routes:
+      - {to: failed, when: "not rebase.ok"}
+      - {to: []}
+  kids:
+    kind: spawn
+    over: input.children
+    base: work.commit
+    routes:
+      - {to: done, when: kids.ok}
+      - {to: failed}
+  done: {kind: exit, status: "true"}
+  failed: {kind: exit, status: "false"}
+"#;
+
+async fn siblings_run(stack: &Stack, children: Value) -> anyhow::Result<(String, Value)> {
+    let dir = stack.dir.path().join("siblings");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("graph.yaml"), SIBLINGS)?;
+    let graph = dir.join("graph.yaml").display().to_string();
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let input = dir.join(format!(
+        "input-{}.json",
+        children[0]["text"].as_str().unwrap_or("x")
+    ));
+    let root = json!({"file": "root.txt", "text": "root", "children": children});
+    std::fs::write(&input, serde_json::to_vec(&root)?)?;
+    let script = dir.join("none.json");
+    std::fs::write(&script, "{}")?;
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &graph,
+        "--repo",
+        &repo,
+        "--input",
+        &input.display().to_string(),
+        "--script",
+        &script.display().to_string(),
+    ])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    let id = out.stdout.trim().to_string();
+    let status = stack.wait_run(&id, Duration::from_secs(180)).await?;
+    Ok((id, status))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_siblings_merge_starts_a_rebase_in_the_sibling_still_running() -> anyhow::Result<()> {
+    let stack = Stack::start("siblings", 2, &[]).await?;
+    // `a` merges at once; `b` waits, hears of `a`'s merge, rebases onto it and then sees
+    // `a.txt` in its own worktree.
+    let (_, status) = siblings_run(
+        &stack,
+        json!([
+            {"file": "a.txt", "text": "a", "expect": ["root.txt", "a.txt"]},
+            {"file": "b.txt", "text": "b", "sleep": 6, "expect": ["root.txt", "a.txt", "b.txt"]},
+        ]),
+    )
+    .await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let b = status["children"][1]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b_status = stack.get(&format!("/v1/runs/{b}")).await?;
+    assert_eq!(b_status["visits"]["rebase"], 1, "{b_status}");
+    let a = status["children"][0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let a_status = stack.get(&format!("/v1/runs/{a}")).await?;
+    assert_eq!(
+        a_status["visits"].get("rebase"),
+        None,
+        "`a` ended before `b` merged: {a_status}"
+    );
+
+    // Both write the same file differently: `b`'s rebase conflicts and fails it.
+    let (_, status) = siblings_run(
+        &stack,
+        json!([
+            {"file": "shared.txt", "text": "one"},
+            {"file": "shared.txt", "text": "two", "sleep": 6},
+        ]),
+    )
+    .await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    let b = status["children"][1]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b_status = stack.get(&format!("/v1/runs/{b}")).await?;
+    assert_eq!(b_status["status"], "failed", "{b_status}");
+    assert_eq!(b_status["visits"]["rebase"], 1, "{b_status}");
+    let result = stack.get(&format!("/v1/runs/{b}/result")).await?;
+    let rebase = &result["result"]["outputs"]["rebase"];
+    assert_eq!(rebase["ok"], false, "the rebase is what failed `b`: {result}");
+    assert!(rebase["output"].to_string().contains("shared.txt"), "{result}");
+    assert_eq!(status["children"][0]["status"], "succeeded", "{status}");
+    Ok(())
+}

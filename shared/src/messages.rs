@@ -52,6 +52,10 @@ pub enum ResultMessage {
     ChildFinished(RunMessage),
     /// From a coordinator's outbox: cancel a child run (its parent ended or stopped waiting).
     CancelRun(RunMessage),
+    /// From a coordinator's outbox: a child broadcast an event; its parent relays it.
+    SiblingEvent(RunMessage),
+    /// From a coordinator's outbox: a sibling's event, for the run `run_id`.
+    FromSibling(RunMessage),
 }
 
 /// A message between runs (through a coordinator's outbox and the results queue): the run it
@@ -80,12 +84,14 @@ pub enum WireError {
 
 impl ResultMessage {
     /// The kinds this side reads (`kind` of the variants above).
-    pub const KINDS: [&'static str; 5] = [
+    pub const KINDS: [&'static str; 7] = [
         "started",
         "finished",
         "start_run",
         "child_finished",
         "cancel_run",
+        "sibling_event",
+        "from_sibling",
     ];
 
     /// Reads a message: the version first (a message of another version is not guessed at),

@@ -7,9 +7,12 @@
 //!
 //! Usage: fleet-bench [--jobs N] [--cycles N]   (services from scripts/provision.sh)
 //!        fleet-bench batch [--n N] [--slots S]  (batches: `bench_batch.rs`)
+//!        fleet-bench tree [--delay-ms D] [--concurrency C]  (child runs: `bench_tree.rs`)
 
 #[path = "bench_batch.rs"]
 mod bench_batch;
+#[path = "bench_tree.rs"]
+mod bench_tree;
 
 use fleet_tests::stack::{make_calc_repo, workspace_root, Stack};
 use std::process::Command;
@@ -49,6 +52,9 @@ async fn main() -> anyhow::Result<()> {
         Some("hybrid") => return hybrid().await,
         Some("mutation") => return mutation().await,
         Some("batch") => return bench_batch::run(arg("--n", 1000), arg("--slots", 32)).await,
+        Some("tree") => {
+            return bench_tree::run(arg("--delay-ms", 2000), arg("--concurrency", 6)).await
+        }
         _ => {}
     }
     let cycles = arg("--cycles", 20);

@@ -1,7 +1,8 @@
 //! The result inbox: consumes job results and dead-lettered jobs, queues them per run and
 //! applies each run's queue in one batch (a group commit), acking only after the commit and
-//! its mirror. A message on the results queue is a `ResultMessage` (a start notice or a
-//! result), read by `ResultMessage::decode` alone; one it cannot read is dead-lettered.
+//! its mirror. A message on the results queue is a `ResultMessage` (a start notice, a result,
+//! or a message between runs of a tree: a child to start, a child's end, a cancel, a sibling
+//! event), read by `ResultMessage::decode` alone; one it cannot read is dead-lettered.
 
 use super::{Coordinator, DriverError};
 use shared::engine::Event;
@@ -193,6 +194,21 @@ impl Coordinator {
                             msg.run_id,
                             self.child_finished_event(report),
                         ));
+                    }
+                    ResultMessage::SiblingEvent(msg) => {
+                        let event =
+                            Box::new(self.run_message_body(&msg).await.map_err(blob_error)?);
+                        let at = self.clock.now();
+                        return Ok(Inbound::Event(
+                            msg.run_id,
+                            Event::SiblingEvent { event, at },
+                        ));
+                    }
+                    ResultMessage::FromSibling(msg) => {
+                        let event =
+                            Box::new(self.run_message_body(&msg).await.map_err(blob_error)?);
+                        let at = self.clock.now();
+                        return Ok(Inbound::Event(msg.run_id, Event::FromSibling { event, at }));
                     }
                     ResultMessage::CancelRun(msg) => {
                         let event = Event::Cancel {

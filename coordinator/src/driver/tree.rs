@@ -1,5 +1,5 @@
-//! Child runs on the fleet: the engine's `StartChildren`, `NotifyParent` and `CancelRuns`
-//! become outbox messages (committed with the state change that caused them) published on the
+//! Child runs on the fleet: the engine's `StartChildren`, `NotifyParent`, `CancelRuns` and
+//! the sibling events (`RelayToSiblings`, `DeliverToRuns`) become outbox messages (committed with the state change that caused them) published on the
 //! results queue, so a child is created, its parent told of its end and a cancel delivered
 //! exactly as reliably as a job result: acked only after the change they cause is committed.
 //!
@@ -37,6 +37,16 @@ impl Coordinator {
                 for run in runs {
                     let msg = self.run_message::<()>(run, None).await?;
                     out.push(OutboxMessage::Run(ResultMessage::CancelRun(msg)));
+                }
+            }
+            Effect::RelayToSiblings(event) => {
+                let msg = self.run_message(&event.parent, Some(event)).await?;
+                out.push(OutboxMessage::Run(ResultMessage::SiblingEvent(msg)));
+            }
+            Effect::DeliverToRuns(runs, event) => {
+                for run in runs {
+                    let msg = self.run_message(run, Some(event)).await?;
+                    out.push(OutboxMessage::Run(ResultMessage::FromSibling(msg)));
                 }
             }
             _ => {}

@@ -79,6 +79,9 @@ pub struct ChildGroup {
     pub first_failure: bool,
     /// Set once the group is settled (every child ended, or the first failure).
     pub settled: bool,
+    /// Sibling events relayed to this group's children, by id.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub relayed: std::collections::BTreeSet<String>,
     pub children: Vec<ChildRecord>,
 }
 
@@ -318,6 +321,7 @@ impl Engine<'_> {
             base,
             first_failure: spawn.wait == crate::graph::SpawnWait::FirstFailure,
             settled: false,
+            relayed: Default::default(),
             children: records,
         };
         let children = (0..group.children.len())

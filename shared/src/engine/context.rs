@@ -57,6 +57,12 @@ impl RunState {
         }
         ctx.insert("all".into(), Value::Object(all));
         ctx.insert("input".into(), self.input.clone());
+        if let Some(e) = self.sibling_events.last() {
+            ctx.insert(
+                "event".into(),
+                json!({"name": e.name, "from": e.from, "payload": e.payload}),
+            );
+        }
         ctx.insert("visits".into(), json!(self.visits));
         ctx.insert(
             "approvals".into(),

@@ -3,6 +3,7 @@
 //! metrics, the whole [`Transition`]), and the [`Assembler`]s of exit results.
 
 use super::children::{ChildReport, ChildRun};
+use super::siblings::SiblingEvent;
 use super::state::{RunState, RunStatus};
 use crate::ids::{Attempt, JobId, NodeId, RunId};
 use crate::messages::{JobResult, JobSpec};
@@ -66,6 +67,16 @@ pub enum Event {
         report: Box<ChildReport>,
         at: DateTime<Utc>,
     },
+    /// A child run broadcast an event: relay it to its running siblings.
+    SiblingEvent {
+        event: Box<SiblingEvent>,
+        at: DateTime<Utc>,
+    },
+    /// A sibling run's event reached this run.
+    FromSibling {
+        event: Box<SiblingEvent>,
+        at: DateTime<Utc>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -87,6 +98,10 @@ pub enum Effect {
     NotifyParent(Box<ChildReport>),
     /// Cancel these child runs (their parent ended, or a sibling failed first).
     CancelRuns(Vec<RunId>),
+    /// This child run broadcast an event: its parent relays it to the siblings.
+    RelayToSiblings(Box<SiblingEvent>),
+    /// Deliver a sibling's event to these runs.
+    DeliverToRuns(Vec<RunId>, Box<SiblingEvent>),
     /// Watch a started job: re-issue it if no result came `timeout_seconds` (plus grace) later.
     Watch {
         job_id: JobId,

@@ -16,6 +16,7 @@
 //!   observers, exits and the end of a run;
 //! - `fanout.rs`: joins (arrivals, firing) and fan-out into branches;
 //! - `children.rs`: child runs (spawn nodes, the tree's links and bounds, their ends);
+//! - `siblings.rs`: events between sibling runs (broadcast, relayed by the parent, handled);
 //! - `publish.rs`: building and publishing job specs, and re-issuing jobs as their next attempt.
 
 mod children;
@@ -23,11 +24,13 @@ mod context;
 mod events;
 mod fanout;
 mod publish;
+mod siblings;
 mod state;
 mod step;
 
 pub use children::{child_run_id, ChildGroup, ChildRecord, ChildReport, ChildRun, TreeLink};
 pub use events::{Applied, Assembler, Effect, Event, Transition};
+pub use siblings::SiblingEvent;
 pub use state::{
     ApprovalState, Decision, JobRecord, JobState, JoinState, NewRun, Outcome, RunState, RunStatus,
     MAX_ATTEMPTS,
@@ -86,7 +89,9 @@ pub fn apply_in_place(
         | Event::Restored { at }
         | Event::Decide { at, .. }
         | Event::Cancel { at }
-        | Event::ChildFinished { at, .. } => *at,
+        | Event::ChildFinished { at, .. }
+        | Event::SiblingEvent { at, .. }
+        | Event::FromSibling { at, .. } => *at,
     };
     enum Step {
         Start,
@@ -98,6 +103,8 @@ pub fn apply_in_place(
         Decide(ApprovalState),
         Cancel,
         Child,
+        Relay,
+        Receive,
     }
     let step = match event {
         Event::Start { .. } => {
@@ -238,6 +245,28 @@ pub fn apply_in_place(
             }
             Step::Child
         }
+        Event::SiblingEvent { event, .. } => {
+            if state.status != RunStatus::Running {
+                return unchanged(Applied::Ignored("run is not running"));
+            }
+            let open = state
+                .children
+                .get(&ChildGroup::key(&event.spawn, event.visit))
+                .is_some_and(|g| !g.settled && !g.relayed.contains(&event.id));
+            if !open {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Relay
+        }
+        Event::FromSibling { event, .. } => {
+            if state.status != RunStatus::Running {
+                return unchanged(Applied::Ignored("run is not running"));
+            }
+            if state.sibling_events.iter().any(|e| e.id == event.id) {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Receive
+        }
     };
     let mut e = Engine {
         bundle,
@@ -309,6 +338,8 @@ pub fn apply_in_place(
         (Step::Child, Event::ChildFinished { report, .. }) => {
             e.child_finished(report)?;
         }
+        (Step::Relay, Event::SiblingEvent { event, .. }) => e.relay(event),
+        (Step::Receive, Event::FromSibling { event, .. }) => e.receive(event)?,
         _ => unreachable!("the step matches its event"),
     }
     e.state.updated_at = at;

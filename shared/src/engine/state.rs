@@ -3,6 +3,7 @@
 //! approvals ([`ApprovalState`], [`Decision`]). Serialized as is into the run store and the mirror.
 
 use super::children::{ChildGroup, ChildRun, TreeLink};
+use super::siblings::SiblingEvent;
 use crate::graph::GraphBundle;
 use crate::ids::{Attempt, JobId, NodeId, RunId};
 use crate::messages::{AgentConfig, JobStatus, RepoSnapshot, Usage};
@@ -159,6 +160,9 @@ pub struct RunState {
     /// The children of each spawn visit, by `<node>.<visit>`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub children: BTreeMap<String, ChildGroup>,
+    /// Events sibling runs sent this run, in the order they came.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sibling_events: Vec<SiblingEvent>,
 }
 
 /// What a new run starts from (everything but its graph and the time).
@@ -207,6 +211,7 @@ impl RunState {
             tree: None,
             spawn_budget: None,
             children: BTreeMap::new(),
+            sibling_events: Vec::new(),
         }
     }
 

@@ -49,6 +49,15 @@ impl Engine<'_> {
         if names.iter().any(|n| n.as_str() == "base") && names.len() == 1 {
             return Some(self.state.repo.base_commit.clone());
         }
+        if names.iter().any(|n| n.as_str() == "event") && names.len() == 1 {
+            // The latest sibling event's commit (its packs were taken in with it).
+            return self
+                .state
+                .sibling_events
+                .last()
+                .and_then(|e| e.payload["commit"].as_str())
+                .map(str::to_string);
+        }
         let latest = self
             .state
             .history
@@ -181,6 +190,9 @@ impl Engine<'_> {
             return Ok(());
         }
         self.start_observers(&id, record.branch)?;
+        if let Some(name) = n.broadcast.as_deref().filter(|_| outcome.ok) {
+            self.broadcast(name, &outcome);
+        }
 
         // Stuck detection before routing.
         if let Some(stuck) = &n.stuck {

@@ -22,6 +22,8 @@ pub struct Graph {
     pub defaults: Defaults,
     /// JSON schema file the run input must satisfy.
     pub input_schema: Option<String>,
+    /// In a child run: the node entered when a sibling run broadcasts this event name.
+    pub on_sibling: BTreeMap<String, NodeId>,
     pub nodes: BTreeMap<NodeId, Node>,
 }
 
@@ -37,7 +39,7 @@ pub struct Defaults {
     #[serde(default)]
     pub cache_agent_steps: bool,
     /// Bounds on the tree of child runs started from this graph's `spawn` nodes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "TreeLimits::is_default")]
     pub tree: TreeLimits,
 }
 
@@ -51,6 +53,12 @@ pub struct TreeLimits {
     pub max_depth: u32,
     #[serde(default = "default_tree_runs")]
     pub max_runs: u32,
+}
+
+impl TreeLimits {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Default for TreeLimits {
@@ -142,6 +150,9 @@ pub struct Node {
     /// An observer: started after each finished visit of these nodes, with that outcome as
     /// `params.observed`; never routes, its latest output is attached to the result.
     pub observes: Vec<NodeId>,
+    /// In a child run: each ok visit is sent, as an event of this name, to the sibling runs
+    /// still running (their `on_sibling` handler starts).
+    pub broadcast: Option<String>,
     pub body: NodeBody,
 }
 

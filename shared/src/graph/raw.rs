@@ -27,6 +27,9 @@ pub struct RawGraph {
     pub defaults: Defaults,
     #[serde(default)]
     pub input_schema: Option<String>,
+    /// In a child run: the node entered when a sibling run broadcasts this event name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub on_sibling: BTreeMap<String, NodeId>,
     pub nodes: BTreeMap<NodeId, RawNode>,
 }
 
@@ -95,6 +98,9 @@ pub struct RawNode {
     /// `params.observed`; never routes, its latest output is attached to the result.
     #[serde(default)]
     pub observes: Vec<NodeId>,
+    /// In a child run: each ok visit is sent as this event to the running sibling runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broadcast: Option<String>,
     /// Continue the agent session (transcript) of this node instead of starting a new one.
     #[serde(default)]
     pub continues: Option<NodeId>,
@@ -119,12 +125,12 @@ pub struct RawNode {
 
     // spawn (and `over` above)
     /// Expression giving a child run's input from `item` and `index`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<String>,
     /// Expression giving the commit child runs start from.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<SpawnWait>,
 
     // exit
@@ -176,6 +182,7 @@ impl RawGraph {
             prepare: self.prepare,
             defaults: self.defaults,
             input_schema: self.input_schema,
+            on_sibling: self.on_sibling,
             nodes,
         })
     }
@@ -207,6 +214,7 @@ impl From<Graph> for RawGraph {
             prepare: g.prepare,
             defaults: g.defaults,
             input_schema: g.input_schema,
+            on_sibling: g.on_sibling,
             nodes: g.nodes.into_iter().map(|(id, n)| (id, n.into())).collect(),
         }
     }
@@ -425,6 +433,7 @@ impl RawNode {
             stuck: self.stuck,
             advisory: self.advisory,
             observes: self.observes,
+            broadcast: self.broadcast,
             body,
         })
     }
@@ -454,6 +463,7 @@ impl From<Node> for RawNode {
             stuck: n.stuck,
             advisory: n.advisory,
             observes: n.observes,
+            broadcast: n.broadcast,
             continues: None,
             nudge_after_seconds: None,
             claims: None,

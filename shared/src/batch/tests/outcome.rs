@@ -65,6 +65,7 @@ pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome
         tree: None,
         spawn_budget: None,
         children: BTreeMap::new(),
+        sibling_events: Vec::new(),
     }
 }
 

@@ -36,11 +36,16 @@ fn tree_bundle(wait: &str) -> GraphBundle {
 
 /// A root run of the tree graph over `plan` (each node of the plan: `children`, `fail`).
 fn root(bundle: &GraphBundle, plan: Value) -> RunState {
+    root_with(bundle, json!({ "plan": plan }))
+}
+
+/// A root run named `root` of any graph, with `input`.
+pub(super) fn root_with(bundle: &GraphBundle, input: Value) -> RunState {
     RunState::new(
         super::NewRun {
             run_id: RunId::new("root"),
             graph_ref: "graph-ref".into(),
-            input: json!({"plan": plan}),
+            input,
             meta: json!({}),
             repo: RepoSnapshot {
                 url: "repo".into(),
@@ -55,16 +60,16 @@ fn root(bundle: &GraphBundle, plan: Value) -> RunState {
 }
 
 /// Every run of a tree, and the events not yet delivered; `pick` chooses the next one.
-struct Fleet<'a> {
+pub(super) struct Fleet<'a> {
     bundle: &'a GraphBundle,
-    runs: BTreeMap<RunId, RunState>,
-    queue: VecDeque<(RunId, Event)>,
+    pub(super) runs: BTreeMap<RunId, RunState>,
+    pub(super) queue: VecDeque<(RunId, Event)>,
     created: usize,
     finished: BTreeMap<RunId, usize>,
 }
 
 impl<'a> Fleet<'a> {
-    fn new(bundle: &'a GraphBundle, root: RunState) -> Self {
+    pub(super) fn new(bundle: &'a GraphBundle, root: RunState) -> Self {
         let id = root.run_id.clone();
         let mut fleet = Fleet {
             bundle,
@@ -79,7 +84,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// Delivers queued events (the `pick`-th each time) until none is left.
-    fn drain(&mut self, mut pick: impl FnMut(usize) -> usize) {
+    pub(super) fn drain(&mut self, mut pick: impl FnMut(usize) -> usize) {
         let mut steps = 0;
         while !self.queue.is_empty() {
             steps += 1;
@@ -90,7 +95,7 @@ impl<'a> Fleet<'a> {
         }
     }
 
-    fn deliver(&mut self, run: &RunId, event: Event) {
+    pub(super) fn deliver(&mut self, run: &RunId, event: Event) {
         let state = self
             .runs
             .get(run)
@@ -129,6 +134,18 @@ impl<'a> Fleet<'a> {
                 Effect::CancelRuns(ids) => {
                     for id in ids {
                         self.queue.push_back((id, Event::Cancel { at: time(4) }));
+                    }
+                }
+                Effect::RelayToSiblings(event) => {
+                    let parent = event.parent.clone();
+                    self.queue
+                        .push_back((parent, Event::SiblingEvent { event, at: time(5) }));
+                }
+                Effect::DeliverToRuns(ids, event) => {
+                    for id in ids {
+                        let event = event.clone();
+                        self.queue
+                            .push_back((id, Event::FromSibling { event, at: time(6) }));
                     }
                 }
                 _ => {}

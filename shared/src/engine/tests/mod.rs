@@ -5,6 +5,7 @@
 //!   observer nodes, stuck detection, write scopes);
 //! - `children.rs`: child runs: a tree played through by an in-memory driver in any order,
 //!   its bounds, cancels cascading, first failures, reports that must not count;
+//! - `siblings.rs`: events between sibling runs: delivered once to the running siblings only;
 //! - `deadlines.rs`: started and queued deadlines, re-issues and restores (fencing);
 //! - `join_order.rs`: property test: joins fire once and the run ends once whatever the order,
 //!   duplicates and stale attempts of the branch results;
@@ -25,6 +26,7 @@ mod deadlines;
 mod factory_runs;
 mod graphs;
 mod join_order;
+mod siblings;
 mod stored;
 
 fn factory_bundle() -> GraphBundle {

@@ -65,6 +65,8 @@ pub const RESERVED: &[&str] = &[
     "derived",
     "approvals",
     "all",
+    "event",
+    "index",
 ];
 
 /// Variables a worker adds when it renders an agent's prompt.
@@ -124,8 +126,29 @@ pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
         check_node(bundle, id, node, &mut err);
     }
 
-    // Reachability from start; an observer is reachable when a node it watches is.
+    for (event, target) in &g.on_sibling {
+        if !nodes::valid_event_name(event) {
+            err(
+                None,
+                "on_sibling",
+                format!("`{event}`: event names are letters, digits and `_`"),
+            );
+        }
+        if !g.nodes.contains_key(target) {
+            err(
+                None,
+                "on_sibling",
+                format!("`{event}` starts unknown node `{target}`"),
+            );
+        }
+    }
+
+    // Reachability from start and from sibling events' handlers; an observer is reachable
+    // when a node it watches is.
     let mut reachable = reachable_from(g, &g.start);
+    for target in g.on_sibling.values() {
+        reachable.extend(reachable_from(g, target));
+    }
     for (id, n) in &g.nodes {
         if n.observes.iter().any(|o| reachable.contains(o)) {
             reachable.insert(id.clone());

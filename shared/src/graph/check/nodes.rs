@@ -42,11 +42,21 @@ pub(super) fn check_node(
             if from.as_str() == "base" {
                 continue;
             }
+            if from.as_str() == "event" {
+                if w.from.nodes().len() > 1 || g.on_sibling.is_empty() {
+                    err(
+                        Some(id),
+                        "worktree.from",
+                        "`event` (the latest sibling event's commit) stands alone, in a graph with `on_sibling`".into(),
+                    );
+                }
+                continue;
+            }
             match g.nodes.get(from) {
                 None => err(
                     Some(id),
                     "worktree.from",
-                    format!("`{from}` is neither `base` nor a node"),
+                    format!("`{from}` is neither `base`, `event` nor a node"),
                 ),
                 Some(src) if !src.commits() => err(
                     Some(id),
@@ -86,6 +96,15 @@ pub(super) fn check_node(
         }
         None => {}
     }
+    if let Some(name) = &node.broadcast {
+        if !valid_event_name(name) {
+            err(
+                Some(id),
+                "broadcast",
+                format!("`{name}`: event names are letters, digits and `_`"),
+            );
+        }
+    }
     if let Some(a) = &node.artifacts {
         if let Err(e) = expr::template_variables("artifacts", a) {
             err(Some(id), "artifacts", e.to_string());
@@ -96,8 +115,11 @@ pub(super) fn check_node(
     if terminal && !node.routes.is_empty() {
         err(Some(id), "routes", "an exit node has no routes".into());
     }
+    // A sibling event's handler is a path of its own: it may end without routing on.
+    let handler = g.on_sibling.values().any(|t| t == id);
     let routeless_ok = !node.observes.is_empty()
         || (node.advisory && node.routes.is_empty())
+        || (handler && node.routes.is_empty())
         || kind == NodeKind::Fanout;
     if !terminal && !routeless_ok {
         match node.routes.last() {
@@ -271,4 +293,9 @@ pub(super) fn check_node(
             }
         }
     }
+}
+
+/// An event name between sibling runs: 1 to 64 letters, digits and `_`.
+pub(super) fn valid_event_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
