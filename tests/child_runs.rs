@@ -354,3 +354,53 @@ async fn a_siblings_merge_starts_a_rebase_in_the_sibling_still_running() -> anyh
     assert_eq!(status["children"][0]["status"], "succeeded", "{status}");
     Ok(())
 }
+
+/// A submission under a chosen run id (the API's `run_id`).
+async fn post_as(stack: &Stack, run_id: &str, input: Value) -> anyhow::Result<Value> {
+    let bundle = shared::graph::load_bundle("tree.yaml", TREE, |p| Err(format!("no file {p}")))
+        .map_err(|es| anyhow::anyhow!("{es:?}"))?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let body = json!({
+        "graph": bundle, "input": input, "repo": repo, "git_ref": "HEAD",
+        "agent": {"backend": "scripted", "script": {}}, "run_id": run_id,
+    });
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/runs", stack.server))
+        .json(&body)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        r.status().is_success(),
+        "{}: {}",
+        r.status(),
+        r.text().await?
+    );
+    Ok(r.json().await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_run_id_another_submitter_took_fails_and_leaves_that_run_alone(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("treeclaim", 2, &[]).await?;
+    // Someone takes the id the parent's first child will have, with a run of their own.
+    let decoy = json!({"plan": {"name": "decoy", "sleep": 8}});
+    post_as(&stack, "victim-kids-1-0", decoy).await?;
+    let plan = json!({"plan": {"name": "root", "children": [{"name": "a"}, {"name": "b"}]}});
+    post_as(&stack, "victim", plan).await?;
+    let status = stack.wait_run("victim", Duration::from_secs(120)).await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    let result = stack.get("/v1/runs/victim/result").await?;
+    let kids = &result["result"]["outputs"]["kids"]["output"];
+    assert_eq!(
+        kids["children"][0]["result"]["reason"], "child_run_id_taken",
+        "{result}"
+    );
+    assert_eq!(kids["children"][1]["status"], "succeeded", "{result}");
+    // The decoy was neither adopted nor cancelled: it runs to its own end.
+    let decoy = stack
+        .wait_run("victim-kids-1-0", Duration::from_secs(60))
+        .await?;
+    assert_eq!(decoy["status"], "succeeded", "{decoy}");
+    assert_eq!(decoy.get("tree"), None, "{decoy}");
+    Ok(())
+}

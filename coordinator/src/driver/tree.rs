@@ -98,6 +98,30 @@ impl Coordinator {
     pub(super) async fn start_child(&self, child: ChildRun) -> Result<(), DriverError> {
         let (id, link) = (child.run_id.clone(), child.tree.clone());
         match self.load(&id).await {
+            // A run under this id that is not this child (a submitter chose the id first): the
+            // parent hears its child failed, and the other run is left alone.
+            Ok(existing) if existing.tree.as_ref() != Some(&link) => {
+                warn!(run = %id, parent = %link.parent, "a child's run id is taken by another run; failing the child");
+                let report = ChildReport {
+                    parent: link.parent.clone(),
+                    child: id.clone(),
+                    node: link.node.clone(),
+                    visit: link.visit,
+                    index: link.index,
+                    status: shared::engine::RunStatus::Failed,
+                    result: serde_json::json!({"reason": "child_run_id_taken"}),
+                    head: None,
+                    packs: Vec::new(),
+                    budget_left: 0,
+                    usage: Default::default(),
+                };
+                let event = self.child_finished_event(report);
+                match self.apply(&link.parent, &event).await {
+                    Ok(_) | Err(DriverError::UnknownRun(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                return Ok(());
+            }
             Ok(existing) if !existing.status.is_terminal() => {}
             Ok(existing) => {
                 if let Some(report) = existing.child_report() {

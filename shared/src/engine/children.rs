@@ -189,6 +189,25 @@ impl RunState {
             .collect()
     }
 
+    /// Whether `commit` is one this run has seen: its base, a step's, a child's head, or a
+    /// sibling event's.
+    pub fn knows_commit(&self, commit: &str) -> bool {
+        self.repo.base_commit == commit
+            || self
+                .history
+                .iter()
+                .any(|o| o.commit.as_deref() == Some(commit))
+            || self
+                .children
+                .values()
+                .flat_map(|g| &g.children)
+                .any(|c| c.head.as_deref() == Some(commit))
+            || self
+                .sibling_events
+                .iter()
+                .any(|e| e.payload["commit"].as_str() == Some(commit))
+    }
+
     pub fn depth(&self) -> u32 {
         self.tree.as_ref().map(|t| t.depth).unwrap_or(0)
     }
@@ -262,7 +281,9 @@ impl Engine<'_> {
         let base = match &spawn.base {
             None => self.state.repo.base_commit.clone(),
             Some(e) => match expr::eval(e, &ctx).map_err(&err)? {
-                Value::String(c) if is_commit(&c) => c,
+                // Only a commit this run knows: its base, one of its own steps', a child's head
+                // or a sibling's event; never a hash picked out of thin air.
+                Value::String(c) if self.state.knows_commit(&c) => c,
                 Value::Null => self.state.repo.base_commit.clone(),
                 other => {
                     let output = refusal("bad_base", json!({"base": other}));
@@ -439,8 +460,4 @@ impl Engine<'_> {
         let path = self.bundle.graph.input_schema.as_ref()?;
         serde_json::from_str(self.bundle.file(path)?).ok()
     }
-}
-
-fn is_commit(s: &str) -> bool {
-    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }

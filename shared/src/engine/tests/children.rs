@@ -473,3 +473,32 @@ fn a_restored_parent_asks_again_for_every_child_it_still_waits_for_as_first_deci
         .iter()
         .any(|e| matches!(e, Effect::StartChildren(_))));
 }
+
+#[test]
+fn a_base_the_run_never_saw_is_refused_however_well_formed() {
+    let yaml = TREE.replace("WAIT", "all").replace(
+        "    input: \"{'plan': item, 'n': index}\"",
+        "    input: \"{'plan': item}\"\n    base: input.plan.base",
+    );
+    let b = bundle(&yaml);
+    // A well-formed hash out of thin air (another run's commit, say).
+    let stranger = "0123456789abcdef0123456789abcdef01234567";
+    let mut fleet = Fleet::new(&b, root(&b, json!({"base": stranger, "children": [{}]})));
+    fleet.drain(|_| 0);
+    let kids = fleet.runs[&RunId::new("root")]
+        .last_outcome(&NodeId::new("kids"))
+        .cloned();
+    assert_eq!(kids.expect("settled").output["refused"], "bad_base");
+    assert_eq!(fleet.created, 1);
+    // The run's own commit (here its noop step's) is taken.
+    let mut fleet = Fleet::new(
+        &b,
+        root(
+            &b,
+            json!({"base": "commit-of-root.work.1", "children": [{}]}),
+        ),
+    );
+    fleet.drain(|_| 0);
+    let child = &fleet.runs[&RunId::new("root-kids-1-0")];
+    assert_eq!(child.repo.base_commit, "commit-of-root.work.1");
+}
