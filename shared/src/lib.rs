@@ -15,6 +15,7 @@ pub mod hybrid;
 pub mod ids;
 pub mod lang;
 pub mod limits;
+pub mod mechanical;
 pub mod messages;
 pub mod mutation;
 pub mod paths;

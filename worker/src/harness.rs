@@ -424,6 +424,69 @@ pub fn git_step(
     })
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MechanicalParams {
+    sibling_from: String,
+    sibling_to: String,
+    since: String,
+}
+
+/// Hunks a mechanical check reads from each diff at most.
+const MAX_MECHANICAL_HUNKS: usize = 10_000;
+
+/// The Rebaser's restriction: the worktree's commit (its base) changes, since `since`, only
+/// what the sibling's change (`sibling_from` → `sibling_to`) changed, edit for edit. Ok when
+/// mechanical; failed, with each violating edit, when not.
+pub fn check_mechanical(
+    params: &Value,
+    wt: &Worktree,
+) -> Result<StepOutcome, crate::git::GitError> {
+    let MechanicalParams {
+        sibling_from,
+        sibling_to,
+        since,
+    } = match read_params(params) {
+        Ok(p) => p,
+        Err(bad) => return Ok(bad),
+    };
+    let read = |from: &str, to: &str| match wt.hunks(from, to, MAX_MECHANICAL_HUNKS) {
+        Ok(h) => Ok(Some(h)),
+        Err(crate::git::GitError::TooLarge(_)) => Ok(None),
+        Err(e) => Err(e),
+    };
+    let verdict = match (read(&sibling_from, &sibling_to)?, read(&since, &wt.base())?) {
+        (Some(sibling), Some(adaptation)) => shared::mechanical::judge(&sibling, &adaptation),
+        _ => shared::mechanical::Verdict {
+            mechanical: false,
+            allowed: Vec::new(),
+            violations: vec![shared::mechanical::Violation {
+                file: String::new(),
+                line: 0,
+                edit: None,
+                why: format!("a diff has more than {MAX_MECHANICAL_HUNKS} hunks"),
+            }],
+        },
+    };
+    let output = serde_json::to_value(&verdict).expect("a verdict serializes");
+    Ok(if verdict.mechanical {
+        StepOutcome {
+            status: JobStatus::Ok,
+            output,
+            error: None,
+        }
+    } else {
+        StepOutcome {
+            status: JobStatus::Failed,
+            error: Some(format!(
+                "{} edit(s) the sibling's change did not make",
+                verdict.violations.len()
+            )),
+            output,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -247,6 +247,10 @@ pub enum HarnessOp {
     GenerateMutants,
     RunMutants,
     TallyMutants,
+    /// Seed 001's Rebaser restriction: the worktree's changes since `with.since` make only
+    /// edits the sibling's change (`with.sibling_from` → `with.sibling_to`) made
+    /// (`shared::mechanical`).
+    CheckMechanical,
 }
 
 impl HarnessOp {
@@ -260,6 +264,7 @@ impl HarnessOp {
         HarnessOp::GenerateMutants,
         HarnessOp::RunMutants,
         HarnessOp::TallyMutants,
+        HarnessOp::CheckMechanical,
     ];
 
     pub fn name(self) -> &'static str {
@@ -273,6 +278,7 @@ impl HarnessOp {
             HarnessOp::GenerateMutants => "generate_mutants",
             HarnessOp::RunMutants => "run_mutants",
             HarnessOp::TallyMutants => "tally_mutants",
+            HarnessOp::CheckMechanical => "check_mechanical",
         }
     }
 
@@ -294,7 +300,10 @@ impl HarnessOp {
 
     /// May run long, so the worker announces its start (a hung worker can be superseded).
     pub fn announces_start(self) -> bool {
-        !matches!(self, HarnessOp::Noop | HarnessOp::ApplyPatch)
+        !matches!(
+            self,
+            HarnessOp::Noop | HarnessOp::ApplyPatch | HarnessOp::CheckMechanical
+        )
     }
 }
 

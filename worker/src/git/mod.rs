@@ -40,6 +40,8 @@ pub enum GitError {
     Apply(String),
     #[error(transparent)]
     SafeFs(#[from] crate::safe_fs::SafeFsError),
+    #[error("the diff is too large: {0}")]
+    TooLarge(String),
 }
 
 impl GitError {
@@ -61,7 +63,7 @@ impl GitError {
             }
             GitError::Io(_) => true,
             GitError::Blob(e) => e.is_transient(),
-            GitError::Dirty(..) | GitError::Apply(_) => false,
+            GitError::Dirty(..) | GitError::Apply(_) | GitError::TooLarge(_) => false,
             GitError::SafeFs(e) => matches!(e, crate::safe_fs::SafeFsError::Io { .. }),
         }
     }

@@ -163,6 +163,77 @@ impl Worktree {
         Ok(diff.deltas().map(|d| delta_change(&d)).collect())
     }
 
+    /// The hunks from commit `from` to commit `to`, without context lines: what each removed
+    /// and added, binary files marked (`shared::mechanical`). At most `max` hunks.
+    pub fn hunks(
+        &self,
+        from: &str,
+        to: &str,
+        max: usize,
+    ) -> Result<Vec<shared::mechanical::Hunk>, GitError> {
+        use shared::mechanical::Hunk;
+        let repo = self.repo()?;
+        let a = repo.find_commit(Oid::from_str(from)?)?.tree()?;
+        let b = repo.find_commit(Oid::from_str(to)?)?.tree()?;
+        let mut opts = git2::DiffOptions::new();
+        opts.context_lines(0).include_typechange(true);
+        let diff = repo.diff_tree_to_tree(Some(&a), Some(&b), Some(&mut opts))?;
+        let path = |d: &git2::DiffDelta| {
+            d.new_file()
+                .path()
+                .or(d.old_file().path())
+                .map(|p| p.to_string_lossy().replace('\\', "/"))
+                .unwrap_or_default()
+        };
+        let hunks = std::cell::RefCell::new(Vec::<Hunk>::new());
+        let too_many = std::cell::Cell::new(false);
+        let mut on_binary = |d: git2::DiffDelta, _: git2::DiffBinary| {
+            hunks.borrow_mut().push(Hunk {
+                file: path(&d),
+                binary: true,
+                ..Hunk::default()
+            });
+            true
+        };
+        let mut on_hunk = |d: git2::DiffDelta, h: git2::DiffHunk| {
+            let mut hs = hunks.borrow_mut();
+            if hs.len() >= max {
+                too_many.set(true);
+                return false;
+            }
+            hs.push(Hunk {
+                file: path(&d),
+                line: h.new_start(),
+                ..Hunk::default()
+            });
+            true
+        };
+        let mut on_line = |_: git2::DiffDelta, _: Option<git2::DiffHunk>, l: git2::DiffLine| {
+            let text = String::from_utf8_lossy(l.content())
+                .trim_end_matches(['\n', '\r'])
+                .to_string();
+            if let Some(h) = hunks.borrow_mut().last_mut() {
+                match l.origin() {
+                    '-' => h.removed.push(text),
+                    '+' => h.added.push(text),
+                    _ => {}
+                }
+            }
+            true
+        };
+        let walked = diff.foreach(
+            &mut |_, _| true,
+            Some(&mut on_binary),
+            Some(&mut on_hunk),
+            Some(&mut on_line),
+        );
+        if too_many.get() {
+            return Err(GitError::TooLarge(format!("more than {max} hunks")));
+        }
+        walked?;
+        Ok(hunks.into_inner())
+    }
+
     /// Lays down, from `commit`, every regular file whose path `covers` accepts (replacing what
     /// is on disk, never following a link), and removes files it accepts that `commit` lacks.
     /// The frozen tests of a run, restored before the harness runs them. Returns the paths laid.

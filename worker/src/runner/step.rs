@@ -217,6 +217,15 @@ impl Runner {
                         )
                         .await?
                     }
+                    HarnessOp::CheckMechanical => {
+                        let params = spec.params.clone();
+                        let step = wt
+                            .ok_or_else(no_worktree)?
+                            .blocking(move |wt| harness::check_mechanical(&params, wt))
+                            .await?;
+                        art.put_json("mechanical.json", &step.output).await?;
+                        step
+                    }
                     HarnessOp::Noop => StepOutcome {
                         status: JobStatus::Ok,
                         output: json!({}),
