@@ -191,12 +191,21 @@ pub struct ScriptStep {
     /// Seconds to wait before answering (for benchmarks of parallel branches).
     #[serde(default)]
     pub delay_seconds: f64,
+    /// The step answers only jobs whose parameters have these values (`{"module": "a"}`), so
+    /// one script can play the same node differently in each run of a tree.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub when: BTreeMap<String, Value>,
 }
 
 /// The longest a scripted step waits before answering (its delay is for benchmarks).
 pub const MAX_SCRIPT_DELAY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 impl ScriptStep {
+    /// Whether the step answers a job with these parameters.
+    pub fn answers(&self, params: &Value) -> bool {
+        self.when.iter().all(|(k, v)| params.get(k) == Some(v))
+    }
+
     /// The wait before answering: none when `delay_seconds` is not positive, at most
     /// `MAX_SCRIPT_DELAY` (a script is the submitter's, and `Duration::from_secs_f64` panics
     /// past `u64::MAX` seconds).

@@ -37,6 +37,8 @@ pub use shared::schema::validate;
 pub struct AgentJob<'a> {
     pub node: &'a str,
     pub visit: u32,
+    /// The job's parameters (a scripted step may answer only some).
+    pub params: &'a Value,
     /// When the agent is told to finish, before the job's hard timeout.
     pub nudge_after: Option<Duration>,
     pub prompt: String,
@@ -85,14 +87,23 @@ async fn scripted(
         usage: Usage::default(),
         transcript: Value::Array(transcript),
     };
-    let Some(steps) = script.get(job.node).filter(|s| !s.is_empty()) else {
+    let steps: Vec<&shared::messages::ScriptStep> = script
+        .get(job.node)
+        .into_iter()
+        .flatten()
+        .filter(|s| s.answers(job.params))
+        .collect();
+    if steps.is_empty() {
         return fail(
             JobStatus::Error,
-            format!("the script has no step for node `{}`", job.node),
+            format!(
+                "the script has no step for node `{}` with these parameters",
+                job.node
+            ),
             vec![],
         );
-    };
-    let step = &steps[(job.visit.saturating_sub(1) as usize).min(steps.len() - 1)];
+    }
+    let step = steps[(job.visit.saturating_sub(1) as usize).min(steps.len() - 1)];
     let mut transcript = Vec::new();
     if let Some(prior) = &prior {
         transcript.push(json!({"continued_from": prior}));

@@ -207,9 +207,11 @@ async fn converse<A: Wire>(api: &A, case: Case, replies: Vec<Result<Value, LlmEr
     let schema = json!({"type": "object", "properties": {"summary": {"type": "string"}},
         "required": ["summary"]});
     let session = Recorder::default();
+    let params = json!({});
     let job = AgentJob {
         node: "n",
         visit: 1,
+        params: &params,
         nudge_after: case.nudge_after,
         prompt: "do it".into(),
         schema: &schema,
@@ -485,4 +487,46 @@ fn an_ending_concludes_in_the_matching_status() {
     let error = outcome(Err(LlmError::NoKey("K")));
     assert_eq!(error.status, JobStatus::Error);
     assert_eq!(error.error.as_deref(), Some("no api key: set K"));
+}
+
+/// A script that plays one node differently per run of a tree: the step whose `when` matches
+/// the job's parameters answers, counted by visit among those that match; none matching is an
+/// error that names the node.
+#[tokio::test]
+async fn a_scripted_step_answers_only_the_jobs_its_when_matches() {
+    let script: std::collections::BTreeMap<String, Vec<shared::messages::ScriptStep>> =
+        serde_json::from_value(json!({"scaffold": [
+            {"when": {"module": "a"}, "output": {"summary": "a first"}},
+            {"when": {"module": "b"}, "output": {"summary": "b only"}},
+            {"when": {"module": "a"}, "output": {"summary": "a again"}},
+        ]}))
+        .expect("a script");
+    let schema = json!({"type": "object"});
+    let session = Recorder::default();
+    let answer = |module: &'static str, visit: u32| {
+        let params = json!({"module": module});
+        let (script, schema, session) = (&script, &schema, &session);
+        async move {
+            let job = AgentJob {
+                node: "scaffold",
+                visit,
+                params: &params,
+                nudge_after: None,
+                prompt: "plan".into(),
+                schema,
+                tools: ToolBox {
+                    session,
+                    allowed: &[],
+                    command_timeout: Duration::from_secs(1),
+                },
+            };
+            super::scripted(job, script, None).await
+        }
+    };
+    assert_eq!(answer("a", 1).await.output["summary"], "a first");
+    assert_eq!(answer("a", 2).await.output["summary"], "a again");
+    assert_eq!(answer("b", 1).await.output["summary"], "b only");
+    let none = answer("c", 1).await;
+    assert_eq!(none.status, JobStatus::Error);
+    assert!(none.error.unwrap().contains("`scaffold`"));
 }

@@ -92,6 +92,7 @@ impl Runner {
                 let job = AgentJob {
                     node: spec.node.as_str(),
                     visit: spec.visit,
+                    params: &spec.params,
                     nudge_after: spec.nudge_after_seconds.map(Duration::from_secs),
                     prompt,
                     schema: &schema,
