@@ -31,11 +31,19 @@ pub struct SiblingEvent {
 }
 
 impl Engine<'_> {
-    /// After an ok visit of a node with `broadcast`: the event, for the parent to relay.
-    pub(super) fn broadcast(&mut self, name: &str, outcome: &Outcome) {
+    /// After an ok visit of a node with `broadcast`: the event, for the parent to relay. Its
+    /// commit is the visit's own, or for a node that does not commit (a check on a merge) the
+    /// commit its worktree was made from.
+    pub(super) fn broadcast(
+        &mut self,
+        name: &str,
+        outcome: &Outcome,
+        worktree_from: Option<String>,
+    ) {
         let Some(link) = &self.state.tree else {
             return;
         };
+        let commit = outcome.commit.clone().or(worktree_from);
         let event = SiblingEvent {
             id: outcome.job_id.to_string(),
             name: name.to_string(),
@@ -47,7 +55,7 @@ impl Engine<'_> {
                 "node": outcome.node,
                 "output": outcome.output,
                 "derived": outcome.derived,
-                "commit": outcome.commit,
+                "commit": commit,
             }),
             packs: self.state.repo.packs.clone(),
         };

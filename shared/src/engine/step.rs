@@ -191,7 +191,11 @@ impl Engine<'_> {
         }
         self.start_observers(&id, record.branch)?;
         if let Some(name) = n.broadcast.as_deref().filter(|_| outcome.ok) {
-            self.broadcast(name, &outcome);
+            let from = n
+                .worktree
+                .as_ref()
+                .and_then(|w| self.commit_of(&w.from, record.branch));
+            self.broadcast(name, &outcome, from);
         }
 
         // Stuck detection before routing.
