@@ -23,13 +23,15 @@ fn write_graph(stack: &Stack) -> anyhow::Result<String> {
 }
 
 fn submit(stack: &Stack, graph: &str, plan: Value) -> anyhow::Result<String> {
+    let tag = plan["name"].as_str().unwrap_or("x").to_string();
+    submit_input(stack, graph, json!({ "plan": plan }), &tag)
+}
+
+/// Submits `graph` with `input` (no agent node: an empty script); the run id.
+fn submit_input(stack: &Stack, graph: &str, input: Value, tag: &str) -> anyhow::Result<String> {
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let input = stack.dir.path().join(format!(
-        "input-{}.json",
-        plan["name"].as_str().unwrap_or("x")
-    ));
-    std::fs::write(&input, serde_json::to_vec(&json!({ "plan": plan }))?)?;
-    // No agent node: an empty script.
+    let path = stack.dir.path().join(format!("input-{tag}.json"));
+    std::fs::write(&path, serde_json::to_vec(&input)?)?;
     let script = stack.dir.path().join("no-agents.json");
     std::fs::write(&script, "{}")?;
     let out = stack.cli(&[
@@ -39,7 +41,7 @@ fn submit(stack: &Stack, graph: &str, plan: Value) -> anyhow::Result<String> {
         "--repo",
         &repo,
         "--input",
-        &input.display().to_string(),
+        &path.display().to_string(),
         "--script",
         &script.display().to_string(),
     ])?;
@@ -267,28 +269,9 @@ async fn siblings_run(stack: &Stack, children: Value) -> anyhow::Result<(String,
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("graph.yaml"), SIBLINGS)?;
     let graph = dir.join("graph.yaml").display().to_string();
-    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let input = dir.join(format!(
-        "input-{}.json",
-        children[0]["text"].as_str().unwrap_or("x")
-    ));
+    let tag = format!("siblings-{}", children[0]["text"].as_str().unwrap_or("x"));
     let root = json!({"file": "root.txt", "text": "root", "children": children});
-    std::fs::write(&input, serde_json::to_vec(&root)?)?;
-    let script = dir.join("none.json");
-    std::fs::write(&script, "{}")?;
-    let out = stack.cli(&[
-        "submit",
-        "--graph",
-        &graph,
-        "--repo",
-        &repo,
-        "--input",
-        &input.display().to_string(),
-        "--script",
-        &script.display().to_string(),
-    ])?;
-    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
-    let id = out.stdout.trim().to_string();
+    let id = submit_input(stack, &graph, root, &tag)?;
     let status = stack.wait_run(&id, Duration::from_secs(180)).await?;
     Ok((id, status))
 }

@@ -1,12 +1,5 @@
 #!/usr/bin/env bash
 # Turns examples/hybrid-stack/repo into a git repository at DEST.
 set -euo pipefail
-dest="${1:?usage: make-repo.sh DEST}"
-src="$(cd "$(dirname "$0")" && pwd)/repo"
-rm -rf "$dest"
-mkdir -p "$dest"
-cp -r "$src/." "$dest/"
-git -C "$dest" init -q -b main
-git -C "$dest" add -A
-git -C "$dest" -c user.name=fleet -c user.email=fleet@localhost commit -q -m "stack: empty product repo"
-echo "$dest"
+here="$(cd "$(dirname "$0")" && pwd)"
+exec "$here/../make-repo.sh" "$here" "${1:?usage: make-repo.sh DEST}" "stack: empty product repo"
