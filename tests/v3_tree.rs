@@ -4,7 +4,8 @@
 //! harness runs them); a sibling's MergeComplete starts a Rebaser in the sibling still
 //! running; a child that asks for a retry five times is Stuck and its parent judges it; a
 //! child whose work passes its own tests but misses its criteria is rejected by the parent;
-//! siblings that collide fail their rebase and send the parent back to its Scaffold.
+//! siblings that collide fail their rebase and send the parent back to its Scaffold; a sibling
+//! that renames an interface makes the other adapt, mechanically, after its rebase.
 
 use fleet_tests::stack::{workspace_root, Stack};
 use serde_json::Value;
@@ -109,6 +110,28 @@ async fn three_modules_merge_up_the_tree_and_a_siblings_merge_rebases_the_other(
         .map(|m| of(&runs, m)[0]["visits"]["rebase"].as_u64().unwrap_or(0))
         .sum();
     assert!(rebased >= 1, "no sibling rebased");
+    // Whether the other still imports: RebaseClean, no adaptation.
+    for m in ["adder", "multiplier"] {
+        assert_eq!(of(&runs, m)[0]["visits"].get("adapt"), None, "{m}");
+    }
+
+    // `multiplier` renames the interface its parent planned (`times` to `mul`); `adder`
+    // imports `times` and is still running: its rebase is clean but it no longer imports, so
+    // it adapts, and the harness finds the adaptation mechanical (RebaseAdapted).
+    let (status, runs) = run(&stack, "adapted").await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let adder = of(&runs, "adder")[0];
+    let outputs = &adder["result"]["outputs"];
+    assert_eq!(outputs["rebase_build"]["ok"], false, "{outputs}");
+    assert_eq!(
+        outputs["mechanical"]["output"]["mechanical"], true,
+        "{outputs}"
+    );
+    let allowed = outputs["mechanical"]["output"]["allowed"].to_string();
+    assert!(
+        allowed.contains("times") && allowed.contains("mul"),
+        "{allowed}"
+    );
     Ok(())
 }
 
