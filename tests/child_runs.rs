@@ -234,8 +234,9 @@ async fn a_tree_survives_redis_losing_everything_while_a_grandchild_runs() -> an
         anyhow::ensure!(Instant::now() < deadline, "the tree never got there: {st}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // (Not followed by a count of Redis's keys: the coordinators, busy with the tree, write
+    // again at once; the restores counted below show what was lost.)
     redis.lose_everything().await?;
-    assert_eq!(redis.key_count().await?, 0);
 
     let status = stack.wait_run(&root, Duration::from_secs(180)).await?;
     assert_eq!(status["status"], "succeeded", "{status}");
