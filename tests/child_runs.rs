@@ -286,7 +286,7 @@ async fn a_siblings_merge_starts_a_rebase_in_the_sibling_still_running() -> anyh
         &stack,
         json!([
             {"file": "a.txt", "text": "a", "expect": ["root.txt", "a.txt"]},
-            {"file": "b.txt", "text": "b", "sleep": 6, "expect": ["root.txt", "a.txt", "b.txt"]},
+            {"file": "b.txt", "text": "b", "sleep": 15, "expect": ["root.txt", "a.txt", "b.txt"]},
         ]),
     )
     .await?;
@@ -313,7 +313,7 @@ async fn a_siblings_merge_starts_a_rebase_in_the_sibling_still_running() -> anyh
         &stack,
         json!([
             {"file": "shared.txt", "text": "one"},
-            {"file": "shared.txt", "text": "two", "sleep": 6},
+            {"file": "shared.txt", "text": "two", "sleep": 15},
         ]),
     )
     .await?;
