@@ -493,12 +493,22 @@ impl Stack {
         bail!("coordinator not healthy:\n{}", self.log("coordinator"))
     }
 
+    /// Sends a GET, once more after a transport error (a pooled connection the server closed
+    /// as it was reused: "connection closed before message completed"); a GET is idempotent.
+    async fn send_get(&self, path: &str) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.server);
+        match self.http.get(&url).send().await {
+            Ok(r) => Ok(r),
+            Err(e) if e.is_request() || e.is_connect() => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(self.http.get(&url).send().await?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.server))
-            .send()
-            .await?;
+        let r = self.send_get(path).await?;
         let status = r.status();
         let v: Value = r.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
@@ -508,11 +518,7 @@ impl Stack {
     }
 
     pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.server))
-            .send()
-            .await?;
+        let r = self.send_get(path).await?;
         if !r.status().is_success() {
             bail!("GET {path}: {}", r.status());
         }
