@@ -58,7 +58,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         http::StatusView,
         http::RunTree,
         http::TreeView,
-        http::TreeLinkView,
+        shared::engine::TreeLink,
         http::ChildView,
         http::RunOutcome,
         http::CancelAnswer,

@@ -46,7 +46,7 @@ pub(crate) async fn run_tree(
             Err(e) => return Err(e.into()),
         }
     }
-    let tree = TreeView::build(&root, &mut |id| loaded.get(id).cloned());
+    let tree = TreeView::build(&root, &mut |id| loaded.remove(id));
     Ok(Json(RunTree {
         v: shared::http::API_VERSION,
         tree,

@@ -31,7 +31,7 @@ pub struct Hunk {
 }
 
 /// One edit: a run of removed tokens replaced by a run of added tokens.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Edit {
     pub removed: Vec<String>,
     pub added: Vec<String>,
@@ -102,19 +102,10 @@ pub fn edits(a: &[String], b: &[String]) -> Option<Vec<Edit>> {
     }
     let (mut i, mut j) = (0, 0);
     let mut out = Vec::new();
-    let mut current = Edit {
-        removed: Vec::new(),
-        added: Vec::new(),
-    };
+    let mut current = Edit::default();
     let flush = |e: &mut Edit, out: &mut Vec<Edit>| {
         if !e.removed.is_empty() || !e.added.is_empty() {
-            out.push(std::mem::replace(
-                e,
-                Edit {
-                    removed: Vec::new(),
-                    added: Vec::new(),
-                },
-            ));
+            out.push(std::mem::take(e));
         }
     };
     while i < n || j < m {

@@ -144,7 +144,7 @@ impl Coordinator {
     /// Creates a child run, acking once it exists (and is cancelled if its parent no longer
     /// waits for it).
     async fn settle_start(&self, child: shared::engine::ChildRun, msg: Incoming) {
-        let run = child.run_id.clone();
+        let run = child.run.run_id.clone();
         match self.start_child(child).await {
             Ok(()) => {
                 let _ = msg.ack().await;
@@ -175,7 +175,7 @@ impl Coordinator {
                     ResultMessage::StartRun(msg) => {
                         let child: shared::engine::ChildRun =
                             self.run_message_body(&msg).await.map_err(blob_error)?;
-                        if child.run_id != msg.run_id {
+                        if child.run.run_id != msg.run_id {
                             return Err(HandleError::Poison(
                                 "a start message names another run than its body".into(),
                             ));

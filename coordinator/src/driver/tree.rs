@@ -9,7 +9,7 @@
 //! committed before that cancel was sent, and so before this read.
 
 use super::{Coordinator, DriverError};
-use shared::engine::{ChildGroup, ChildReport, ChildRun, Effect, RunState};
+use shared::engine::{ChildReport, ChildRun, Effect, RunState};
 use shared::messages::{ResultMessage, RunMessage, INLINE_LIMIT, WIRE_VERSION};
 use shared::ports::OutboxMessage;
 use tracing::{info, warn};
@@ -25,7 +25,7 @@ impl Coordinator {
         match fx {
             Effect::StartChildren(children) => {
                 for child in children {
-                    let msg = self.run_message(&child.run_id, Some(child)).await?;
+                    let msg = self.run_message(&child.run.run_id, Some(child)).await?;
                     out.push(OutboxMessage::Run(ResultMessage::StartRun(msg)));
                 }
             }
@@ -96,45 +96,24 @@ impl Coordinator {
     /// that ended sends its parent its report again (it counts once), since the first may
     /// have been lost with the store.
     pub(super) async fn start_child(&self, child: ChildRun) -> Result<(), DriverError> {
-        let (id, link) = (child.run_id.clone(), child.tree.clone());
+        let (id, link) = (child.run.run_id.clone(), child.tree.clone());
         match self.load(&id).await {
             // A run under this id that is not this child (a submitter chose the id first): the
             // parent hears its child failed, and the other run is left alone.
             Ok(existing) if existing.tree.as_ref() != Some(&link) => {
                 warn!(run = %id, parent = %link.parent, "a child's run id is taken by another run; failing the child");
-                let report = ChildReport {
-                    parent: link.parent.clone(),
-                    child: id.clone(),
-                    node: link.node.clone(),
-                    visit: link.visit,
-                    index: link.index,
-                    status: shared::engine::RunStatus::Failed,
-                    result: serde_json::json!({"reason": "child_run_id_taken"}),
-                    head: None,
-                    packs: Vec::new(),
-                    budget_left: 0,
-                    usage: Default::default(),
-                };
-                let event = self.child_finished_event(report);
-                match self.apply(&link.parent, &event).await {
-                    Ok(_) | Err(DriverError::UnknownRun(_)) => {}
-                    Err(e) => return Err(e),
-                }
-                return Ok(());
+                let report = ChildReport::failed_before_start(&link, &id, "child_run_id_taken");
+                return self.report_to_parent(report).await;
             }
             Ok(existing) if !existing.status.is_terminal() => {}
             Ok(existing) => {
                 if let Some(report) = existing.child_report() {
-                    let event = self.child_finished_event(report);
-                    match self.apply(&link.parent, &event).await {
-                        Ok(_) | Err(DriverError::UnknownRun(_)) => {}
-                        Err(e) => return Err(e),
-                    }
+                    self.report_to_parent(report).await?;
                 }
                 return Ok(());
             }
             Err(DriverError::UnknownRun(_)) => {
-                let bundle = self.bundle(&child.graph_ref).await?;
+                let bundle = self.bundle(&child.run.graph_ref).await?;
                 let state = RunState::new_child(child, &bundle, self.clock.now());
                 if self.create_run(state, &bundle).await? {
                     info!(run = %id, parent = %link.parent, depth = link.depth, "child run started");
@@ -146,11 +125,8 @@ impl Coordinator {
             Ok(parent) => {
                 !parent.status.is_terminal()
                     && parent
-                        .children
-                        .get(&ChildGroup::key(&link.node, link.visit))
-                        .filter(|g| !g.settled)
-                        .and_then(|g| g.children.get(link.index as usize))
-                        .is_some_and(|c| c.run_id == id && c.status.is_none())
+                        .open_child(&link.node, link.visit, link.index, &id)
+                        .is_some_and(|(group, _)| !group.settled)
             }
             Err(DriverError::UnknownRun(_)) => false,
             Err(e) => return Err(e),
@@ -160,6 +136,18 @@ impl Coordinator {
             self.cancel(&id).await?;
         }
         Ok(())
+    }
+
+    /// Applies a child's report to its parent (a parent that is gone hears nothing).
+    async fn report_to_parent(&self, report: ChildReport) -> Result<(), DriverError> {
+        let parent = report.parent.clone();
+        match self
+            .apply(&parent, &self.child_finished_event(report))
+            .await
+        {
+            Ok(_) | Err(DriverError::UnknownRun(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The event a child's end is for its parent.

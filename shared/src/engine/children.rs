@@ -9,19 +9,19 @@
 //! per child and hands each child an equal share of what is left, and a child that ends gives
 //! back what it did not use. So the tree never holds more than `max_runs` runs.
 
-use super::state::{Outcome, RunState, RunStatus};
+use super::state::{NewRun, Outcome, RunState, RunStatus};
 use super::step::Engine;
 use super::EngineError;
 use crate::expr;
 use crate::graph::SpawnBody;
 use crate::hashing::sha256_hex;
 use crate::ids::{NodeId, RunId};
-use crate::messages::{AgentConfig, RepoSnapshot, Usage};
+use crate::messages::{RepoSnapshot, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-/// Where a child run sits in its tree.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+/// Where a child run sits in its tree (also as the status view shows it).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct TreeLink {
     pub root: RunId,
     pub parent: RunId,
@@ -37,12 +37,8 @@ pub struct TreeLink {
 /// A child run as its parent's spawn decided it; the driver creates and starts it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ChildRun {
-    pub run_id: RunId,
-    pub graph_ref: String,
-    pub input: Value,
-    pub meta: Value,
-    pub repo: RepoSnapshot,
-    pub agent: AgentConfig,
+    #[serde(flatten)]
+    pub run: NewRun,
     pub tree: TreeLink,
     /// Runs the child may start below itself.
     pub budget: u32,
@@ -101,6 +97,25 @@ pub struct ChildRecord {
     pub share: u32,
 }
 
+impl ChildReport {
+    /// A child that failed before it ran (its parent hears `reason`).
+    pub fn failed_before_start(link: &TreeLink, child: &RunId, reason: &str) -> Self {
+        ChildReport {
+            parent: link.parent.clone(),
+            child: child.clone(),
+            node: link.node.clone(),
+            visit: link.visit,
+            index: link.index,
+            status: RunStatus::Failed,
+            result: json!({ "reason": reason }),
+            head: None,
+            packs: Vec::new(),
+            budget_left: 0,
+            usage: Usage::default(),
+        }
+    }
+}
+
 impl ChildGroup {
     /// The key of a group in the run state: `<node>.<visit>`.
     pub fn key(node: &NodeId, visit: u32) -> String {
@@ -150,16 +165,18 @@ impl RunState {
             meta["run_id"] = json!(record.run_id);
         }
         ChildRun {
-            run_id: record.run_id.clone(),
-            graph_ref: self.graph_ref.clone(),
-            input: record.input.clone(),
-            meta,
-            repo: RepoSnapshot {
-                url: self.repo.url.clone(),
-                base_commit: group.base.clone(),
-                packs: self.repo.packs.clone(),
+            run: NewRun {
+                run_id: record.run_id.clone(),
+                graph_ref: self.graph_ref.clone(),
+                input: record.input.clone(),
+                meta,
+                repo: RepoSnapshot {
+                    url: self.repo.url.clone(),
+                    base_commit: group.base.clone(),
+                    packs: self.repo.packs.clone(),
+                },
+                agent: self.agent.clone(),
             },
-            agent: self.agent.clone(),
             tree: TreeLink {
                 root: self
                     .tree
@@ -206,6 +223,23 @@ impl RunState {
                 .sibling_events
                 .iter()
                 .any(|e| e.payload["commit"].as_str() == Some(commit))
+    }
+
+    /// The spawn group and the record of child `run` at `index` of the spawn visit, while that
+    /// child has not reported.
+    pub fn open_child(
+        &self,
+        node: &NodeId,
+        visit: u32,
+        index: u32,
+        run: &RunId,
+    ) -> Option<(&ChildGroup, &ChildRecord)> {
+        let group = self.children.get(&ChildGroup::key(node, visit))?;
+        let record = group
+            .children
+            .get(index as usize)
+            .filter(|c| &c.run_id == run && c.status.is_none())?;
+        Some((group, record))
     }
 
     pub fn depth(&self) -> u32 {

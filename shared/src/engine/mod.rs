@@ -234,12 +234,9 @@ pub fn apply_in_place(
             if state.status != RunStatus::Running {
                 return unchanged(Applied::Ignored("run is not running"));
             }
-            let key = ChildGroup::key(&report.node, report.visit);
-            let waiting = state.children.get(&key).is_some_and(|g| {
-                g.children
-                    .get(report.index as usize)
-                    .is_some_and(|c| c.run_id == report.child && c.status.is_none())
-            });
+            let waiting = state
+                .open_child(&report.node, report.visit, report.index, &report.child)
+                .is_some();
             if !waiting {
                 return unchanged(Applied::Duplicate);
             }

@@ -166,6 +166,7 @@ pub struct RunState {
 }
 
 /// What a new run starts from (everything but its graph and the time).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct NewRun {
     pub run_id: RunId,
     /// The key of the graph bundle in object storage.
@@ -217,28 +218,8 @@ impl RunState {
 
     /// A child run as its parent's spawn decided it, not started yet.
     pub fn new_child(child: ChildRun, bundle: &GraphBundle, at: DateTime<Utc>) -> Self {
-        let ChildRun {
-            run_id,
-            graph_ref,
-            input,
-            meta,
-            repo,
-            agent,
-            tree,
-            budget,
-        } = child;
-        let mut state = Self::new(
-            NewRun {
-                run_id,
-                graph_ref,
-                input,
-                meta,
-                repo,
-                agent,
-            },
-            bundle,
-            at,
-        );
+        let ChildRun { run, tree, budget } = child;
+        let mut state = Self::new(run, bundle, at);
         state.tree = Some(tree);
         state.spawn_budget = Some(budget);
         state

@@ -4,7 +4,7 @@
 
 mod tree;
 
-pub use tree::{ChildView, RunTree, TreeLinkView, TreeView};
+pub use tree::{ChildView, RunTree, TreeView};
 
 use crate::engine::{ApprovalState, JobState, RunState, RunStatus};
 use crate::ids::{JobId, NodeId, RunId};
@@ -188,7 +188,7 @@ pub struct StatusView {
     pub finished_at: Option<DateTime<Utc>>,
     /// Where this run sits in a tree of child runs (none for a root).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tree: Option<TreeLinkView>,
+    pub tree: Option<crate::engine::TreeLink>,
     /// The child runs its spawn nodes started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildView>,
@@ -250,7 +250,7 @@ impl StatusView {
             created_at: s.created_at,
             updated_at: s.updated_at,
             finished_at: s.finished_at,
-            tree: TreeLinkView::of(s),
+            tree: s.tree.clone(),
             children: ChildView::all(s),
         }
     }

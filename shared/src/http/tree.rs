@@ -1,22 +1,10 @@
-//! Views of a tree of child runs: where a run sits (`TreeLink` in its status) and its
+//! Views of a tree of child runs: where a run sits (the engine's `TreeLink`, in its status) and its
 //! children by spawn visit ([`ChildView`]); `GET /v1/runs/:id/tree` nests them ([`RunTree`]).
 
 use crate::engine::{RunState, RunStatus};
 use crate::ids::{NodeId, RunId};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-
-/// Where a run sits in its tree (none for a root).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
-pub struct TreeLinkView {
-    pub root: RunId,
-    pub parent: RunId,
-    /// The parent's spawn node and visit that started this run.
-    pub node: NodeId,
-    pub visit: u32,
-    pub index: u32,
-    pub depth: u32,
-}
 
 /// One child run as its parent sees it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
@@ -50,19 +38,6 @@ pub struct TreeView {
     /// Children the parent recorded but whose runs could not be read (not created yet, or
     /// gone from the store).
     pub missing: Vec<RunId>,
-}
-
-impl TreeLinkView {
-    pub fn of(s: &RunState) -> Option<Self> {
-        s.tree.as_ref().map(|t| TreeLinkView {
-            root: t.root.clone(),
-            parent: t.parent.clone(),
-            node: t.node.clone(),
-            visit: t.visit,
-            index: t.index,
-            depth: t.depth,
-        })
-    }
 }
 
 impl ChildView {

@@ -83,6 +83,14 @@ impl<'a> Fleet<'a> {
         fleet
     }
 
+    /// Delivers queued events in order until `done` holds.
+    pub(super) fn grow_until(&mut self, done: impl Fn(&Self) -> bool) {
+        while !done(self) {
+            let (run, event) = self.queue.pop_front().expect("the tree grows");
+            self.deliver(&run, event);
+        }
+    }
+
     /// Delivers queued events (the `pick`-th each time) until none is left.
     pub(super) fn drain(&mut self, mut pick: impl FnMut(usize) -> usize) {
         let mut steps = 0;
@@ -109,7 +117,7 @@ impl<'a> Fleet<'a> {
                     .push_back((run.clone(), ok(&spec.job_id, json!({})))),
                 Effect::StartChildren(children) => {
                     for child in children {
-                        let id = child.run_id.clone();
+                        let id = child.run.run_id.clone();
                         assert!(!self.runs.contains_key(&id), "`{id}` started twice");
                         let state = RunState::new_child(child, self.bundle, time(2));
                         self.runs.insert(id.clone(), state);
@@ -257,10 +265,7 @@ fn cancelling_the_root_cascades_down_the_whole_tree() {
     let mut fleet = Fleet::new(&b, root(&b, small_tree()));
     // Run until the grandchild exists, holding back every job result.
     let grandchild = RunId::new("root-kids-1-0-kids-1-0");
-    while !fleet.runs.contains_key(&grandchild) {
-        let (run, event) = fleet.queue.pop_front().expect("the tree grows");
-        fleet.deliver(&run, event);
-    }
+    fleet.grow_until(|f| f.runs.contains_key(&grandchild));
     fleet
         .queue
         .push_back((RunId::new("root"), Event::Cancel { at: time(9) }));
@@ -339,10 +344,7 @@ fn a_child_input_the_graph_refuses_is_caught_before_any_child_starts() {
 fn reports_that_are_duplicates_forged_or_for_another_run_change_nothing() {
     let b = tree_bundle("all");
     let mut fleet = Fleet::new(&b, root(&b, json!({"children": [{}, {}]})));
-    while fleet.runs.len() < 3 {
-        let (run, event) = fleet.queue.pop_front().expect("the tree grows");
-        fleet.deliver(&run, event);
-    }
+    fleet.grow_until(|f| f.runs.len() == 3);
     fleet.drain(|n| n - 1);
     let root_state = fleet.runs[&RunId::new("root")].clone();
     assert_eq!(root_state.status, RunStatus::Succeeded);
@@ -364,10 +366,7 @@ fn reports_that_are_duplicates_forged_or_for_another_run_change_nothing() {
     }
     // While the root still waits, a forged index is refused too.
     let mut fleet = Fleet::new(&b, root(&b, json!({"children": [{}, {}]})));
-    while fleet.runs.len() < 3 {
-        let (run, event) = fleet.queue.pop_front().expect("the tree grows");
-        fleet.deliver(&run, event);
-    }
+    fleet.grow_until(|f| f.runs.len() == 3);
     let waiting = fleet.runs[&RunId::new("root")].clone();
     let mut child = fleet.runs[&RunId::new("root-kids-1-0")].clone();
     child.status = RunStatus::Failed;
@@ -441,10 +440,7 @@ proptest! {
 fn a_restored_parent_asks_again_for_every_child_it_still_waits_for_as_first_decided() {
     let b = tree_bundle("all");
     let mut fleet = Fleet::new(&b, root(&b, small_tree()));
-    while fleet.runs.len() < 3 {
-        let (run, event) = fleet.queue.pop_front().expect("the tree grows");
-        fleet.deliver(&run, event);
-    }
+    fleet.grow_until(|f| f.runs.len() == 3);
     let parent = fleet.runs[&RunId::new("root")].clone();
     let t = step(&b, &parent, Event::Restored { at: time(7) });
     let asked: Vec<ChildRun> = t
@@ -458,11 +454,11 @@ fn a_restored_parent_asks_again_for_every_child_it_still_waits_for_as_first_deci
         .collect();
     assert_eq!(asked.len(), 2);
     for child in asked {
-        let first = &fleet.runs[&child.run_id];
-        assert_eq!(first.input, child.input);
+        let first = &fleet.runs[&child.run.run_id];
+        assert_eq!(first.input, child.run.input);
         assert_eq!(first.tree.as_ref(), Some(&child.tree));
         assert_eq!(first.spawn_budget, Some(child.budget));
-        assert_eq!(first.repo.base_commit, child.repo.base_commit);
+        assert_eq!(first.repo.base_commit, child.run.repo.base_commit);
     }
     // Once both children reported, a restore asks for none.
     fleet.drain(|_| 0);
