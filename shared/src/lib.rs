@@ -25,6 +25,7 @@ pub mod proptest_support;
 pub mod schedule;
 pub mod schema;
 pub mod scope;
+pub mod session;
 pub mod step_cache;
 pub mod testfail;
 pub mod testreport;

@@ -27,6 +27,8 @@ pub const MAX_TREE_RUNS: u32 = 1_000;
 /// An agent's turns and output tokens per call.
 pub const MAX_TURNS: u32 = 1_000;
 pub const MAX_TOKENS: u32 = 1_000_000;
+/// Invocations of one incremental agent session in one job (seed 003).
+pub const MAX_INVOCATIONS: u32 = 200;
 /// A command agent's budget per run: calls through the gateways and tokens over them.
 pub const MAX_COMMAND_CALLS: u32 = 10_000;
 pub const MAX_COMMAND_TOKENS: u64 = 100_000_000;

@@ -22,6 +22,9 @@ pub struct Control {
     pub v: u32,
     /// Jobs no run needs any more: stop them if running here.
     pub stop_jobs: Vec<JobId>,
+    /// Messages for the sessions of running jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deliver: Vec<crate::session::Delivery>,
 }
 
 /// On the jobs queue.
@@ -56,6 +59,8 @@ pub enum ResultMessage {
     SiblingEvent(RunMessage),
     /// From a coordinator's outbox: a sibling's event, for the run `run_id`.
     FromSibling(RunMessage),
+    /// An incremental session finished an invocation (its checkpoint is kept).
+    Progress(crate::session::ProgressNotice),
 }
 
 /// A message between runs (through a coordinator's outbox and the results queue): the run it
@@ -84,7 +89,7 @@ pub enum WireError {
 
 impl ResultMessage {
     /// The kinds this side reads (`kind` of the variants above).
-    pub const KINDS: [&'static str; 7] = [
+    pub const KINDS: [&'static str; 8] = [
         "started",
         "finished",
         "start_run",
@@ -92,6 +97,7 @@ impl ResultMessage {
         "cancel_run",
         "sibling_event",
         "from_sibling",
+        "progress",
     ];
 
     /// Reads a message: the version first (a message of another version is not guessed at),
@@ -268,6 +274,13 @@ pub struct JobSpec {
     /// A command agent's job: what is left of the run's LLM budget (its gateway's limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm_budget: Option<LlmBudget>,
+    /// An incremental agent's loop (seed 003): its budget, stuck rule and checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incremental: Option<crate::session::LoopSpec>,
+    /// Messages for the session that it has not received yet (later ones come on the control
+    /// channel while it runs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inbox: Vec<crate::session::SessionMessage>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]

@@ -235,6 +235,8 @@ mod tests {
             notify_start: false,
             write_scope: None,
             llm_budget: None,
+            incremental: None,
+            inbox: Vec::new(),
         }
     }
 

@@ -77,6 +77,11 @@ pub enum Event {
         event: Box<SiblingEvent>,
         at: DateTime<Utc>,
     },
+    /// An incremental job finished an invocation.
+    Progress {
+        notice: Box<crate::session::ProgressNotice>,
+        at: DateTime<Utc>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -102,6 +107,8 @@ pub enum Effect {
     RelayToSiblings(Box<SiblingEvent>),
     /// Deliver a sibling's event to these runs.
     DeliverToRuns(Vec<RunId>, Box<SiblingEvent>),
+    /// Messages for the sessions of running jobs (the control channel).
+    Deliver(Vec<crate::session::Delivery>),
     /// Watch a started job: re-issue it if no result came `timeout_seconds` (plus grace) later.
     Watch {
         job_id: JobId,

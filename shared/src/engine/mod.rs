@@ -24,6 +24,7 @@ mod context;
 mod events;
 mod fanout;
 mod publish;
+mod sessions;
 mod siblings;
 mod state;
 mod step;
@@ -91,7 +92,8 @@ pub fn apply_in_place(
         | Event::Cancel { at }
         | Event::ChildFinished { at, .. }
         | Event::SiblingEvent { at, .. }
-        | Event::FromSibling { at, .. } => *at,
+        | Event::FromSibling { at, .. }
+        | Event::Progress { at, .. } => *at,
     };
     enum Step {
         Start,
@@ -105,6 +107,7 @@ pub fn apply_in_place(
         Child,
         Relay,
         Receive,
+        Progress(JobRecord),
     }
     let step = match event {
         Event::Start { .. } => {
@@ -255,6 +258,23 @@ pub fn apply_in_place(
             }
             Step::Relay
         }
+        Event::Progress { notice, .. } => {
+            let Some(record) = state.jobs.get(&notice.job_id) else {
+                return unchanged(Applied::Ignored("unknown job"));
+            };
+            if notice.attempt < record.attempt {
+                return unchanged(Applied::Stale {
+                    current: record.attempt,
+                });
+            }
+            if state.status != RunStatus::Running || record.state != JobState::Pending {
+                return unchanged(Applied::Ignored("the job is not running"));
+            }
+            if notice.invocation <= record.invocations {
+                return unchanged(Applied::Duplicate);
+            }
+            Step::Progress(record.clone())
+        }
         Event::FromSibling { event, .. } => {
             if state.status != RunStatus::Running {
                 return unchanged(Applied::Ignored("run is not running"));
@@ -337,6 +357,9 @@ pub fn apply_in_place(
         }
         (Step::Relay, Event::SiblingEvent { event, .. }) => e.relay(event),
         (Step::Receive, Event::FromSibling { event, .. }) => e.receive(event)?,
+        (Step::Progress(record), Event::Progress { notice, .. }) => {
+            e.progress(&record.node, notice)?
+        }
         _ => unreachable!("the step matches its event"),
     }
     e.state.updated_at = at;

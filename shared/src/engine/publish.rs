@@ -11,6 +11,7 @@ use crate::expr::{self, ExprError};
 use crate::graph::{Node, NodeBody};
 use crate::ids::{Attempt, JobId, NodeId};
 use crate::messages::{AgentConfig, JobSpec, LlmBudget, WorktreeSpec, WIRE_VERSION};
+use crate::session::LoopSpec;
 use serde_json::{json, Map, Value};
 
 /// Where a job is published: its node, the visit and branch, the node it came from.
@@ -144,6 +145,22 @@ impl Engine<'_> {
                 .last_outcome_in(c, branch)
                 .and_then(|o| o.artifacts.get("transcript.json").cloned())
         });
+        let incremental = match agent.and_then(|a| a.incremental.as_ref()) {
+            None => None,
+            Some(inc) => Some(LoopSpec {
+                max_invocations: inc.max_invocations,
+                stuck_after: inc.stuck_after,
+                checkpoints: inc
+                    .checkpoints
+                    .iter()
+                    .map(|c| {
+                        expr::render("checkpoint", &c.command, ctx)
+                            .map(|line| (c.name.clone(), line))
+                            .map_err(&err)
+                    })
+                    .collect::<Result<_, _>>()?,
+            }),
+        };
         let folder = match &n.artifacts {
             Some(t) => expr::render("artifacts", t, ctx).map_err(&err)?,
             None => format!("{id}_{visit}"),
@@ -190,6 +207,12 @@ impl Engine<'_> {
                 (AgentConfig::Command(c), Some(_)) => Some(LlmBudget::left(c, &self.state.usage)),
                 _ => None,
             },
+            incremental,
+            inbox: if agent.is_some_and(|a| a.incremental.is_some()) {
+                self.unread(id)
+            } else {
+                Vec::new()
+            },
         };
         self.state.jobs.insert(
             job_id,
@@ -205,6 +228,7 @@ impl Engine<'_> {
                 timeout_seconds: self.bundle.graph.timeout_for(n),
                 started_at: None,
                 worker: None,
+                invocations: 0,
             },
         );
         self.fx.push(Effect::Publish(Box::new(spec)));

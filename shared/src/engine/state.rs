@@ -60,6 +60,14 @@ pub struct JobRecord {
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub worker: Option<String>,
+    /// The last invocation an incremental job reported progress for (this attempt or an
+    /// earlier one: a resumed session goes on counting).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub invocations: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A job is re-issued at most this many times before the run fails.
@@ -163,6 +171,9 @@ pub struct RunState {
     /// Events sibling runs sent this run, in the order they came.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sibling_events: Vec<SiblingEvent>,
+    /// Messages for agent sessions, by the node whose session they are for.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mailboxes: BTreeMap<NodeId, crate::session::Mailbox>,
 }
 
 /// What a new run starts from (everything but its graph and the time).
@@ -213,6 +224,7 @@ impl RunState {
             spawn_budget: None,
             children: BTreeMap::new(),
             sibling_events: Vec::new(),
+            mailboxes: BTreeMap::new(),
         }
     }
 

@@ -155,6 +155,9 @@ impl Engine<'_> {
             outcome.derived = Value::Object(derived);
         }
         self.finish_job(&result.job_id);
+        if n.agent().is_some_and(|a| a.incremental.is_some()) {
+            self.session_ended(&id, &result.output);
+        }
         if let Some(pack) = &result.pack {
             if !self.state.repo.packs.contains(pack) {
                 self.state.repo.packs.push(pack.clone());

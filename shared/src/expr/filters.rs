@@ -1,4 +1,4 @@
-//! Filters and functions of graph templates: our own (`tojson_pretty`, `flatten`,
+//! Filters and functions of graph templates: our own (`tojson`, `tojson_pretty`, `flatten`,
 //! `difference`, a bounded `join`), minijinja's builtins that walk a whole value put behind
 //! `within_bound`, and `namespace()` refused.
 
@@ -78,6 +78,13 @@ pub(super) fn no_namespace(
 pub(super) const NO_NAMESPACE: &str =
     "namespace() is not available in graph templates: a value may not \
                             grow from one loop iteration to the next";
+
+/// A value as one line of JSON: text an agent gave becomes a quoted, escaped string literal
+/// (valid in Python and JSON) in a generated file.
+pub(super) fn tojson(value: minijinja::Value) -> Result<String, minijinja::Error> {
+    measure(&value, MAX_TEMPLATE_VALUE_BYTES).ok_or_else(too_large)?;
+    Ok(serde_json::to_string(&value).unwrap_or_default())
+}
 
 pub(super) fn tojson_pretty(value: minijinja::Value) -> Result<String, minijinja::Error> {
     measure(&value, MAX_TEMPLATE_VALUE_BYTES).ok_or_else(too_large)?;

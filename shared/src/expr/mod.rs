@@ -30,7 +30,8 @@ mod guard;
 
 use budget::{bound_filter, capped_formatter, items_filter, measure, too_large, too_much_output};
 use filters::{
-    add_bounded_builtins, difference, flatten, join, no_namespace, tojson_pretty, NO_NAMESPACE,
+    add_bounded_builtins, difference, flatten, join, no_namespace, tojson, tojson_pretty,
+    NO_NAMESPACE,
 };
 use guard::guard;
 
@@ -70,6 +71,7 @@ fn env() -> &'static Environment<'static> {
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_formatter(capped_formatter);
         env.add_filter("tojson_pretty", tojson_pretty);
+        env.add_filter("tojson", tojson);
         env.add_filter("flatten", flatten);
         env.add_filter("difference", difference);
         env.add_filter("join", join);

@@ -5,7 +5,7 @@
 
 use super::raw::RawGraph;
 use super::CheckError;
-use super::{Claims, Route, Stuck, Tool, WorktreeUse, Writes};
+use super::{Claims, Crosstalk, Incremental, Route, Stuck, Tool, WorktreeUse, Writes};
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -24,6 +24,8 @@ pub struct Graph {
     pub input_schema: Option<String>,
     /// In a child run: the node entered when a sibling run broadcasts this event name.
     pub on_sibling: BTreeMap<String, NodeId>,
+    /// Bundle files no node names itself (templates a `render_files` node picks by input).
+    pub files: Vec<String>,
     pub nodes: BTreeMap<NodeId, Node>,
 }
 
@@ -205,6 +207,10 @@ pub struct AgentBody {
     pub nudge_after_seconds: Option<u64>,
     /// Claims of the agent's output checked against the files it changed.
     pub claims: Option<Claims>,
+    /// One session invoked in increments with checkpoints between them (seed 003).
+    pub incremental: Option<Incremental>,
+    /// Messages to other agents' sessions after each invocation that committed something.
+    pub crosstalk: Vec<Crosstalk>,
 }
 
 /// A spawn node: child runs of the same graph, one per item.
@@ -251,6 +257,10 @@ pub enum HarnessOp {
     /// edits the sibling's change (`with.sibling_from` → `with.sibling_to`) made
     /// (`shared::mechanical`).
     CheckMechanical,
+    /// Seed 003's skeleton generation: `with.files` (a list of `{path, template}`) written
+    /// into the worktree from the bundle's templates, rendered over `with` (the semantic types
+    /// an agent gave; never code it wrote).
+    RenderFiles,
 }
 
 impl HarnessOp {
@@ -265,6 +275,7 @@ impl HarnessOp {
         HarnessOp::RunMutants,
         HarnessOp::TallyMutants,
         HarnessOp::CheckMechanical,
+        HarnessOp::RenderFiles,
     ];
 
     pub fn name(self) -> &'static str {
@@ -279,6 +290,7 @@ impl HarnessOp {
             HarnessOp::RunMutants => "run_mutants",
             HarnessOp::TallyMutants => "tally_mutants",
             HarnessOp::CheckMechanical => "check_mechanical",
+            HarnessOp::RenderFiles => "render_files",
         }
     }
 
@@ -302,7 +314,10 @@ impl HarnessOp {
     pub fn announces_start(self) -> bool {
         !matches!(
             self,
-            HarnessOp::Noop | HarnessOp::ApplyPatch | HarnessOp::CheckMechanical
+            HarnessOp::Noop
+                | HarnessOp::ApplyPatch
+                | HarnessOp::CheckMechanical
+                | HarnessOp::RenderFiles
         )
     }
 }
@@ -402,6 +417,9 @@ impl Graph {
         let mut out = Vec::new();
         if let Some(schema) = &self.input_schema {
             out.push((String::new(), "input_schema", schema.clone()));
+        }
+        for f in &self.files {
+            out.push((String::new(), "files", f.clone()));
         }
         for (id, node) in &self.nodes {
             if let Some(a) = node.agent() {

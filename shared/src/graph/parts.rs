@@ -169,3 +169,41 @@ fn test_field() -> String {
 fn calls_field() -> String {
     "calls".into()
 }
+
+/// An agent node that works in increments (seed 003): one session invoked again and again,
+/// each invocation answering with an `IncrementalProgress`, the harness's checkpoint commands
+/// run between invocations and their failures put into the next one.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Incremental {
+    /// Invocations at most (the loop's budget).
+    pub max_invocations: u32,
+    /// Invocations in a row that commit nothing and leave `remaining` as it was: stuck.
+    #[serde(default = "stuck_after")]
+    pub stuck_after: u32,
+    /// Commands run in the container after each invocation (templates over the run context,
+    /// split with shell rules, never run by a shell).
+    #[serde(default)]
+    pub checkpoints: Vec<CheckpointCommand>,
+}
+
+fn stuck_after() -> u32 {
+    2
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointCommand {
+    pub name: String,
+    pub command: String,
+}
+
+/// After each invocation of this node that committed something, a message for the session of
+/// node `to` (a template over `progress`, `invocation`, `node` and `commit`), delivered at its
+/// next turn boundary, or to its next job if none runs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Crosstalk {
+    pub to: NodeId,
+    pub message: String,
+}

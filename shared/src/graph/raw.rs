@@ -4,8 +4,8 @@
 //! an unknown op, each named with its node and field.
 
 use super::{
-    AgentBody, Claims, Defaults, GitOp, Graph, HarnessOp, Node, NodeBody, NodeKind, Route,
-    SpawnBody, SpawnWait, Stuck, Tool, WorktreeUse, Writes,
+    AgentBody, Claims, Crosstalk, Defaults, GitOp, Graph, HarnessOp, Incremental, Node, NodeBody,
+    NodeKind, Route, SpawnBody, SpawnWait, Stuck, Tool, WorktreeUse, Writes,
 };
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -30,6 +30,9 @@ pub struct RawGraph {
     /// In a child run: the node entered when a sibling run broadcasts this event name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub on_sibling: BTreeMap<String, NodeId>,
+    /// Bundle files no node names itself (templates a `render_files` node picks by input).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
     pub nodes: BTreeMap<NodeId, RawNode>,
 }
 
@@ -110,6 +113,12 @@ pub struct RawNode {
     /// Claims of the agent's output checked against the files it changed.
     #[serde(default)]
     pub claims: Option<Claims>,
+    /// One session invoked in increments with checkpoints between them (seed 003).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incremental: Option<Incremental>,
+    /// Messages to other agents' sessions after each invocation that committed something.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub crosstalk: Vec<Crosstalk>,
 
     // join
     #[serde(default)]
@@ -183,6 +192,7 @@ impl RawGraph {
             defaults: self.defaults,
             input_schema: self.input_schema,
             on_sibling: self.on_sibling,
+            files: self.files,
             nodes,
         })
     }
@@ -215,6 +225,7 @@ impl From<Graph> for RawGraph {
             defaults: g.defaults,
             input_schema: g.input_schema,
             on_sibling: g.on_sibling,
+            files: g.files,
             nodes: g.nodes.into_iter().map(|(id, n)| (id, n.into())).collect(),
         }
     }
@@ -230,7 +241,9 @@ fn owners(field: &str) -> &'static [NodeKind] {
         | "context_files"
         | "continues"
         | "nudge_after_seconds"
-        | "claims" => &[Agent],
+        | "claims"
+        | "incremental"
+        | "crosstalk" => &[Agent],
         "commands" => &[Command],
         "op" => &[Harness, Git],
         "wait_for" => &[Join],
@@ -269,6 +282,8 @@ impl RawNode {
             ("continues", self.continues.is_some()),
             ("nudge_after_seconds", self.nudge_after_seconds.is_some()),
             ("claims", self.claims.is_some()),
+            ("incremental", self.incremental.is_some()),
+            ("crosstalk", !self.crosstalk.is_empty()),
             ("commands", !self.commands.is_empty()),
             ("op", self.op.is_some()),
             ("wait_for", !self.wait_for.is_empty()),
@@ -322,6 +337,8 @@ impl RawNode {
                 continues: self.continues,
                 nudge_after_seconds: self.nudge_after_seconds,
                 claims: self.claims,
+                incremental: self.incremental,
+                crosstalk: self.crosstalk,
             }),
             NodeKind::Command => {
                 if self.commands.is_empty() {
@@ -467,6 +484,8 @@ impl From<Node> for RawNode {
             continues: None,
             nudge_after_seconds: None,
             claims: None,
+            incremental: None,
+            crosstalk: Vec::new(),
             wait_for: Vec::new(),
             over: None,
             body: None,
@@ -486,6 +505,8 @@ impl From<Node> for RawNode {
                 raw.continues = a.continues;
                 raw.nudge_after_seconds = a.nudge_after_seconds;
                 raw.claims = a.claims;
+                raw.incremental = a.incremental;
+                raw.crosstalk = a.crosstalk;
             }
             NodeBody::Command { commands } => raw.commands = commands,
             NodeBody::Harness { op } => raw.op = Some(op.name().to_string()),

@@ -66,6 +66,7 @@ pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome
         spawn_budget: None,
         children: BTreeMap::new(),
         sibling_events: Vec::new(),
+        mailboxes: BTreeMap::new(),
     }
 }
 

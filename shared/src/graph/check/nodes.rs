@@ -204,6 +204,54 @@ pub(super) fn check_node(
                     None => e2("continues", format!("unknown node `{c}`")),
                 }
             }
+            if let Some(inc) = &agent.incremental {
+                if !(1..=crate::limits::MAX_INVOCATIONS).contains(&inc.max_invocations) {
+                    e2(
+                        "incremental.max_invocations",
+                        format!(
+                            "must be 1 to {}, not {}",
+                            crate::limits::MAX_INVOCATIONS,
+                            inc.max_invocations
+                        ),
+                    );
+                }
+                if inc.stuck_after == 0 {
+                    e2("incremental.stuck_after", "must be at least 1".into());
+                }
+                let mut names = std::collections::BTreeSet::new();
+                for c in &inc.checkpoints {
+                    let word = c
+                        .name
+                        .chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
+                    if c.name.is_empty() || !word || !names.insert(c.name.as_str()) {
+                        e2(
+                            "incremental.checkpoints",
+                            format!(
+                                "checkpoint names must be unique words (letters, digits, `_`, `-`): `{}`",
+                                c.name
+                            ),
+                        );
+                    }
+                    if let Err(e) = expr::template_variables("checkpoint", &c.command) {
+                        e2("incremental.checkpoints", e.to_string());
+                    }
+                }
+            }
+            for talk in &agent.crosstalk {
+                match g.nodes.get(&talk.to) {
+                    _ if talk.to == *id => e2("crosstalk", "a node cannot message itself".into()),
+                    Some(n) if n.agent().is_some_and(|a| a.incremental.is_some()) => {}
+                    Some(_) => e2(
+                        "crosstalk",
+                        format!("`{}` is not an incremental agent node", talk.to),
+                    ),
+                    None => e2("crosstalk", format!("unknown node `{}`", talk.to)),
+                }
+                if let Err(e) = expr::template_variables("crosstalk", &talk.message) {
+                    e2("crosstalk", e.to_string());
+                }
+            }
             if let Some(claims) = &agent.claims {
                 if !crate::graph::claims_languages().contains(&claims.language.as_str()) {
                     e2(
