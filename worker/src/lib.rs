@@ -18,6 +18,7 @@ pub mod mutants;
 pub mod mutation;
 pub mod queue;
 pub mod rabbitmq;
+pub mod render;
 pub mod runner;
 pub mod safe_fs;
 pub mod sandbox;

@@ -172,6 +172,14 @@ impl Coordinator {
                         return Ok(Inbound::Event(notice.run_id, event));
                     }
                     ResultMessage::Finished(env) => env,
+                    ResultMessage::Progress(notice) => {
+                        let run = notice.run_id.clone();
+                        let event = Event::Progress {
+                            notice: Box::new(notice),
+                            at: self.clock.now(),
+                        };
+                        return Ok(Inbound::Event(run, event));
+                    }
                     ResultMessage::StartRun(msg) => {
                         let child: shared::engine::ChildRun =
                             self.run_message_body(&msg).await.map_err(blob_error)?;

@@ -346,7 +346,7 @@ impl Coordinator {
                     self.mirror(&current, version + 1).await?;
                     self.after_commit(&current, &effects);
                     self.watch(run, &effects).await;
-                    self.stop_jobs(&effects).await;
+                    self.control(&effects).await;
                     if !outbox.is_empty() {
                         self.outbox_ready.notify_one();
                     }
@@ -406,17 +406,27 @@ impl Coordinator {
 
     /// Tells the workers to stop jobs their run no longer needs (best effort: a job that is
     /// not stopped finishes and its result is ignored).
-    async fn stop_jobs(&self, effects: &[Effect]) {
+    /// The control channel, after the commit: jobs to stop, messages for running sessions.
+    /// Best effort: a lost stop only wastes a worker's time, and a lost message is sent again
+    /// when its session's next progress shows it missing.
+    async fn control(&self, effects: &[Effect]) {
         for fx in effects {
-            if let Effect::StopJobs(jobs) = fx {
-                let control = shared::messages::Control {
+            let control = match fx {
+                Effect::StopJobs(jobs) => shared::messages::Control {
                     v: WIRE_VERSION,
                     stop_jobs: jobs.clone(),
-                };
-                let body = serde_json::to_vec(&control).expect("control serializes");
-                if let Err(e) = self.broker.broadcast(&body).await {
-                    warn!(error = %e, count = jobs.len(), "could not ask the workers to stop jobs");
-                }
+                    deliver: Vec::new(),
+                },
+                Effect::Deliver(deliveries) => shared::messages::Control {
+                    v: WIRE_VERSION,
+                    stop_jobs: Vec::new(),
+                    deliver: deliveries.clone(),
+                },
+                _ => continue,
+            };
+            let body = serde_json::to_vec(&control).expect("control serializes");
+            if let Err(e) = self.broker.broadcast(&body).await {
+                warn!(error = %e, stops = control.stop_jobs.len(), deliveries = control.deliver.len(), "could not send on the control channel");
             }
         }
     }

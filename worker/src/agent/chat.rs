@@ -145,6 +145,20 @@ impl<A: ChatApi, T: Transport> Chat<'_, A, T> {
                 );
                 self.api.nudge(messages, NUDGE);
             }
+            // A turn boundary: messages from other sessions join the last user turn.
+            if let Some(inbox) = self.job.inbox {
+                let arrived = inbox.take();
+                if !arrived.is_empty() {
+                    debug!(
+                        api = A::NAME,
+                        node = self.job.node,
+                        turn,
+                        count = arrived.len(),
+                        "messages delivered into the session"
+                    );
+                    self.api.nudge(messages, &super::inbox::as_text(&arrived));
+                }
+            }
             let body = self.api.request(self.cfg, &tools, messages);
             let resp = self.transport.post(&self.endpoint, &body, usage).await?;
             let reply = read_reply(self.api, &resp, usage)?;

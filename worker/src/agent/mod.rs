@@ -7,6 +7,7 @@ mod anthropic;
 mod chat;
 pub mod command;
 pub mod gateway;
+pub mod inbox;
 pub mod llm;
 mod openai;
 mod provider;
@@ -44,6 +45,10 @@ pub struct AgentJob<'a> {
     pub prompt: String,
     pub schema: &'a Value,
     pub tools: ToolBox<'a>,
+    /// Messages from other sessions, taken at each turn boundary (incremental sessions).
+    pub inbox: Option<&'a inbox::Inbox>,
+    /// The invocation of an incremental session (a scripted agent plays its step by it).
+    pub invocation: Option<u32>,
 }
 
 /// The message a nudged agent receives.
@@ -103,10 +108,21 @@ async fn scripted(
             vec![],
         );
     }
-    let step = steps[(job.visit.saturating_sub(1) as usize).min(steps.len() - 1)];
+    let nth = job.invocation.unwrap_or(job.visit);
+    let step = steps[(nth.saturating_sub(1) as usize).min(steps.len() - 1)];
     let mut transcript = Vec::new();
-    if let Some(prior) = &prior {
-        transcript.push(json!({"continued_from": prior}));
+    match prior {
+        // A session continued in increments: one flat conversation.
+        Some(Value::Array(earlier)) if job.invocation.is_some() => transcript = earlier,
+        Some(prior) => transcript.push(json!({"continued_from": prior})),
+        None => {}
+    }
+    if let Some(inbox) = job.inbox {
+        for m in inbox.take() {
+            transcript.push(
+                json!({"role": "user", "content": m.as_user_text(), "from": m.from, "seq": m.seq}),
+            );
+        }
     }
     transcript.push(json!({"role": "user", "content": job.prompt}));
     if !step.delay().is_zero() {

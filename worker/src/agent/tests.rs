@@ -220,6 +220,8 @@ async fn converse<A: Wire>(api: &A, case: Case, replies: Vec<Result<Value, LlmEr
             allowed: &[Tool::ReadFile, Tool::ListDir],
             command_timeout: Duration::from_secs(1),
         },
+        inbox: None,
+        invocation: None,
     };
     let cfg = LlmConfig {
         model: "m".into(),
@@ -519,6 +521,8 @@ async fn a_scripted_step_answers_only_the_jobs_its_when_matches() {
                     allowed: &[],
                     command_timeout: Duration::from_secs(1),
                 },
+                inbox: None,
+                invocation: None,
             };
             super::scripted(job, script, None).await
         }

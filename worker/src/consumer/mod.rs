@@ -65,6 +65,7 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
             }
         }
     });
+    runner.send_notices_to(broker.clone());
     let mut control = broker.listen();
     let listener = runner.clone();
     tokio::spawn(async move {
@@ -75,6 +76,9 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
                         if listener.stop(job) {
                             info!(job = %job, "stopping a job whose run ended");
                         }
+                    }
+                    for d in c.deliver {
+                        listener.deliver(&d.job_id, d.messages);
                     }
                 }
                 Err(e) => warn!(error = %e, "ignoring a malformed control message"),

@@ -294,6 +294,43 @@ impl Worktree {
         Ok(Some(oid.to_string()))
     }
 
+    /// Moves the worktree to `commit`, a descendant of the base whose objects are in the mirror
+    /// (a resumed session's last checkpoint): files, index and head as that commit has them.
+    pub fn advance_to(&self, commit: &str) -> Result<(), GitError> {
+        let repo = self.repo()?;
+        let oid = Oid::from_str(commit)?;
+        if oid != self.base && !repo.graph_descendant_of(oid, self.base)? {
+            return Err(GitError::Git(git2::Error::from_str(&format!(
+                "{commit} does not descend from the job's base"
+            ))));
+        }
+        let object = repo.find_commit(oid)?.into_object();
+        repo.checkout_tree(
+            &object,
+            Some(CheckoutBuilder::new().force().remove_untracked(true)),
+        )?;
+        repo.set_head_detached(oid)?;
+        *self.head.lock().expect("head lock") = oid;
+        Ok(())
+    }
+
+    /// Replaces the commits since the base by one commit of the head's tree (an incremental
+    /// session's invocations become its job's one commit). `None` when nothing was committed.
+    pub fn squash_since_base(&self, message: &str) -> Result<Option<String>, GitError> {
+        let head = self.head_oid();
+        if head == self.base {
+            return Ok(None);
+        }
+        let repo = self.repo()?;
+        let tree = repo.find_commit(head)?.tree()?;
+        let parent = repo.find_commit(self.base)?;
+        let sig = Signature::new("fleet", "fleet@localhost", &Time::new(0, 0))?;
+        let oid = repo.commit(None, &sig, &sig, message, &tree, &[&parent])?;
+        repo.set_head_detached(oid)?;
+        *self.head.lock().expect("head lock") = oid;
+        Ok(Some(oid.to_string()))
+    }
+
     /// A packfile of the objects `commit` adds over the base.
     pub fn pack_since_base(&self, commit: &str) -> Result<Vec<u8>, GitError> {
         let repo = self.repo()?;

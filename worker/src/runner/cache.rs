@@ -54,6 +54,11 @@ impl Runner {
         if !cacheable(node.kind(), bundle.graph.defaults.cache_agent_steps) {
             return Ok(None);
         }
+        // A session that hears from other sessions while it runs is not a function of its
+        // inputs: never reused.
+        if spec.incremental.is_some() || !spec.inbox.is_empty() {
+            return Ok(None);
+        }
         let image_id = match (&spec.image, node.needs_container()) {
             (Some(image), true) => match self.sandbox.image_id(image).await {
                 Ok(Some(id)) => Some(id),

@@ -30,6 +30,7 @@ mod commit;
 mod error;
 mod execute;
 mod execution;
+mod incremental;
 mod resources;
 mod results;
 mod step;
@@ -97,6 +98,10 @@ pub struct Runner {
     pub clock: Arc<dyn Clock>,
     /// Whether steps are looked up in and kept in the step cache (`FLEET_STEP_CACHE`).
     pub cache_enabled: bool,
+    /// The inboxes of the incremental sessions running here, by job.
+    inboxes: Mutex<HashMap<shared::ids::JobId, crate::agent::inbox::Inbox>>,
+    /// Where progress notices go (set by the consumer that serves this runner).
+    notices: std::sync::OnceLock<Arc<dyn crate::queue::Broker>>,
 }
 
 impl Runner {
@@ -136,6 +141,8 @@ impl Runner {
             nonce: process_nonce(),
             clock: Arc::new(SystemClock),
             cache_enabled: cache::enabled_from_env(),
+            inboxes: Mutex::new(HashMap::new()),
+            notices: std::sync::OnceLock::new(),
         })
     }
 

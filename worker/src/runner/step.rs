@@ -89,6 +89,30 @@ impl Runner {
                     }
                 };
                 art.put("prompt.md", prompt.clone().into_bytes()).await?;
+                let prior = match &spec.continues {
+                    Some(key) => Some(self.blobs.get_json::<Value>(key).await?),
+                    None => None,
+                };
+                if let Some(plan) = &spec.incremental {
+                    let wt = wt.ok_or_else(no_worktree)?;
+                    if matches!(spec.agent, AgentConfig::Command(_)) {
+                        return Err(RunError::Permanent(
+                            "an incremental session runs the built-in loop or a script, not a command agent".into(),
+                        ));
+                    }
+                    let sessions = super::incremental::Sessions {
+                        spec,
+                        plan,
+                        tools: &agent_node.tools,
+                        prompt,
+                        schema: &schema,
+                        session,
+                        wt,
+                        timeout,
+                    };
+                    let out = self.incremental(sessions, prior, art).await?;
+                    return self.agent_done(agent_node, spec, wt, out, art).await;
+                }
                 let job = AgentJob {
                     node: spec.node.as_str(),
                     visit: spec.visit,
@@ -101,12 +125,10 @@ impl Runner {
                         allowed: &agent_node.tools,
                         command_timeout: Duration::from_secs(120).min(timeout),
                     },
+                    inbox: None,
+                    invocation: None,
                 };
-                let prior = match &spec.continues {
-                    Some(key) => Some(self.blobs.get_json::<Value>(key).await?),
-                    None => None,
-                };
-                let mut out = match (&spec.agent, gateway) {
+                let out = match (&spec.agent, gateway) {
                     (AgentConfig::Command(agent), Some(gateway)) => {
                         let socket = session
                             .mounts()
@@ -124,28 +146,10 @@ impl Runner {
                     }
                     _ => agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await,
                 };
-                if out.status == JobStatus::Ok {
-                    if let (Some(claims), Some(wt)) = (&agent_node.claims, wt) {
-                        let since = spec.worktree.as_ref().and_then(|w| w.run_base.as_deref());
-                        let (claims, since) = (claims.clone(), since.map(str::to_string));
-                        out = wt
-                            .blocking(move |wt| {
-                                check_claims(&claims, wt, since.as_deref(), &mut out);
-                                out
-                            })
-                            .await;
-                    }
+                match wt {
+                    Some(wt) => self.agent_done(agent_node, spec, wt, out, art).await,
+                    None => agent_output(out, art).await,
                 }
-                art.put_json("transcript.json", &out.transcript).await?;
-                art.put_json("output.json", &out.output).await?;
-                Ok((
-                    StepOutcome {
-                        status: out.status,
-                        output: out.output,
-                        error: out.error,
-                    },
-                    out.usage,
-                ))
             }
             NodeBody::Command { .. } => {
                 let session = session.expect("commands run in a container");
@@ -217,6 +221,14 @@ impl Runner {
                             art,
                         )
                         .await?
+                    }
+                    HarnessOp::RenderFiles => {
+                        let (params, bundle) = (spec.params.clone(), bundle.clone());
+                        wt.ok_or_else(no_worktree)?
+                            .blocking(move |wt| {
+                                crate::render::render_files(&params, &bundle, &wt.dir)
+                            })
+                            .await
                     }
                     HarnessOp::CheckMechanical => {
                         let params = spec.params.clone();
@@ -359,4 +371,47 @@ fn check_claims(
             obj.insert("claim_errors".into(), serde_json::json!(errors));
         }
     }
+}
+
+impl Runner {
+    /// An agent's answer: its claims checked against the worktree, then kept.
+    async fn agent_done(
+        &self,
+        agent_node: &shared::graph::AgentBody,
+        spec: &JobSpec,
+        wt: &Worktree,
+        mut out: agent::AgentOutcome,
+        art: &mut Artifacts<'_>,
+    ) -> Result<(StepOutcome, Usage), RunError> {
+        if out.status == JobStatus::Ok {
+            if let Some(claims) = &agent_node.claims {
+                let since = spec.worktree.as_ref().and_then(|w| w.run_base.as_deref());
+                let (claims, since) = (claims.clone(), since.map(str::to_string));
+                out = wt
+                    .blocking(move |wt| {
+                        check_claims(&claims, wt, since.as_deref(), &mut out);
+                        out
+                    })
+                    .await;
+            }
+        }
+        agent_output(out, art).await
+    }
+}
+
+/// An agent's transcript and output kept as artifacts; the step's outcome.
+async fn agent_output(
+    out: agent::AgentOutcome,
+    art: &mut Artifacts<'_>,
+) -> Result<(StepOutcome, Usage), RunError> {
+    art.put_json("transcript.json", &out.transcript).await?;
+    art.put_json("output.json", &out.output).await?;
+    Ok((
+        StepOutcome {
+            status: out.status,
+            output: out.output,
+            error: out.error,
+        },
+        out.usage,
+    ))
 }
