@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Writes the scripted agents of the types-first example (seed 003), one JSON file per story:
+
+- script-happy.json: the test session writes its tests in two invocations; the impl session's
+  first invocation does not build (the checkpoint's error goes into its second prompt), and the
+  test session's crosstalk reaches it while it runs; the merged code fails one frozen test, and
+  the impl session, continued with the failures (`fix`), mends it.
+- script-stuck.json: the impl session commits nothing twice in a row: impl_stuck.
+- script-green-tests.json: the test session writes tests that pass on the skeleton (a cheat):
+  tests_pass_on_skeleton.
+
+Run it from anywhere; it writes next to itself.
+"""
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+TYPES = {
+    "data_type_name": "Stack",
+    "data_type": "A LIFO stack of arbitrary values.",
+    "signatures": [
+        {"name": "push", "type": "(self, item) -> None", "doc": "puts item on top"},
+        {"name": "pop", "type": "(self)", "doc": "removes and returns the top; IndexError when empty"},
+        {"name": "peek", "type": "(self)", "doc": "returns the top without removing it; IndexError when empty"},
+        {"name": "size", "type": "(self) -> int", "doc": "the number of items"},
+        {"name": "is_empty", "type": "(self) -> bool", "doc": "whether there is no item"},
+    ],
+    "test_priorities": [
+        {"name": "lifo_order", "description": "push a, b, c; pop returns c, b, a", "rationale": None},
+        {"name": "push_pop_inverse", "description": "pop after push returns the pushed item and restores the size"},
+    ],
+}
+
+TESTS_FIRST = '''"""Tests of stack (first increment)."""
+
+import pytest
+
+from stack import Stack
+
+
+def test_push():
+    s = Stack()
+    s.push(1)
+    assert s.size() == 1 and s.peek() == 1
+
+
+def test_pop():
+    s = Stack()
+    s.push(1)
+    s.push(2)
+    assert s.pop() == 2
+    with pytest.raises(IndexError):
+        Stack().pop()
+
+
+def test_peek():
+    raise AssertionError("SPEC[peek]: returns the top without removing it; IndexError when empty")
+
+
+def test_size():
+    raise AssertionError("SPEC[size]: the number of items")
+
+
+def test_is_empty():
+    raise AssertionError("SPEC[is_empty]: whether there is no item")
+
+
+def test_lifo_order():
+    raise AssertionError("SPEC[lifo_order]: push a, b, c; pop returns c, b, a")
+
+
+def test_push_pop_inverse():
+    raise AssertionError("SPEC[push_pop_inverse]: pop after push returns the pushed item")
+'''
+
+TESTS_DONE = '''"""Tests of stack."""
+
+import pytest
+
+from stack import Stack
+
+
+def test_push():
+    s = Stack()
+    s.push(1)
+    assert s.size() == 1 and s.peek() == 1
+
+
+def test_pop():
+    s = Stack()
+    s.push(1)
+    s.push(2)
+    assert s.pop() == 2
+    with pytest.raises(IndexError):
+        Stack().pop()
+
+
+def test_peek():
+    s = Stack()
+    s.push(1)
+    s.push(2)
+    assert s.peek() == 2 and s.size() == 2
+    with pytest.raises(IndexError):
+        Stack().peek()
+
+
+def test_size():
+    s = Stack()
+    for i in range(3):
+        s.push(i)
+    assert s.size() == 3
+
+
+def test_is_empty():
+    s = Stack()
+    assert s.is_empty()
+    s.push(0)
+    assert not s.is_empty()
+
+
+def test_lifo_order():
+    s = Stack()
+    for x in "abc":
+        s.push(x)
+    assert [s.pop(), s.pop(), s.pop()] == ["c", "b", "a"]
+
+
+def test_push_pop_inverse():
+    s = Stack()
+    s.push(7)
+    s.push(8)
+    assert s.pop() == 8 and s.size() == 1
+'''
+
+GREEN_TESTS = '''"""Tests that pass without an implementation (a cheat)."""
+
+
+def test_push():
+    assert True
+
+
+def test_pop():
+    assert 1 + 1 == 2
+'''
+
+IMPL_BROKEN = '''"""stack"""
+
+
+class Stack:
+    def __init__(self)
+        self._items = []
+'''
+
+IMPL_BUGGY = '''"""stack"""
+
+
+class Stack:
+    """A LIFO stack of arbitrary values."""
+
+    def __init__(self):
+        self._items = []
+
+    def push(self, item):
+        self._items.append(item)
+
+    def pop(self):
+        if not self._items:
+            raise IndexError("pop from an empty stack")
+        return self._items.pop()
+
+    def peek(self):
+        if not self._items:
+            raise IndexError("peek at an empty stack")
+        return self._items[0]
+
+    def size(self):
+        return len(self._items)
+
+    def is_empty(self):
+        return not self._items
+'''
+
+IMPL_FIXED = IMPL_BUGGY.replace("return self._items[0]", "return self._items[-1]")
+
+ALL = ["push", "pop", "peek", "size", "is_empty"]
+PROPS = ["test_" + n for n in ALL] + ["test_lifo_order", "test_push_pop_inverse"]
+
+
+def progress(status, completed, remaining, notes=None):
+    return {"status": status, "completed": completed, "remaining": remaining, "notes": notes}
+
+
+def tests_session(first, then):
+    return [
+        {"files": {"tests/test_stack.py": first},
+         "output": progress("more_work", ["test_push", "test_pop"], PROPS[2:])},
+        {"files": {"tests/test_stack.py": then},
+         "output": progress("done", PROPS[2:], [])},
+    ]
+
+
+def happy():
+    return {
+        "types": [{"output": TYPES}],
+        "tests_loop": tests_session(TESTS_FIRST, TESTS_DONE),
+        "impl_loop": [
+            # Slow enough that the test session's first increment lands while it runs.
+            {"delay_seconds": 8, "files": {"stack.py": IMPL_BROKEN},
+             "output": progress("more_work", [], ALL)},
+            {"files": {"stack.py": IMPL_BUGGY},
+             "output": progress("done", ALL, [], "peek reads the top")},
+        ],
+        "fix": [{"files": {"stack.py": IMPL_FIXED}, "output": {"changes": ["peek returns the last item"]}}],
+    }
+
+
+def stuck():
+    s = happy()
+    s["impl_loop"] = [
+        {"files": {"stack.py": IMPL_BUGGY}, "output": progress("more_work", ["push"], ["pop"])},
+        {"output": progress("more_work", [], ["pop"])},
+        {"output": progress("more_work", [], ["pop"])},
+    ]
+    return s
+
+
+def green_tests():
+    s = happy()
+    s["tests_loop"] = [{"files": {"tests/test_stack.py": GREEN_TESTS},
+                        "output": progress("done", ["test_push", "test_pop"], [])}]
+    s["impl_loop"] = [{"files": {"stack.py": IMPL_FIXED}, "output": progress("done", ALL, [])}]
+    return s
+
+
+for name, script in [("happy", happy()), ("stuck", stuck()), ("green-tests", green_tests())]:
+    with open(os.path.join(HERE, f"script-{name}.json"), "w") as f:
+        json.dump(script, f, indent=1)
+        f.write("\n")
