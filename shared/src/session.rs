@@ -257,6 +257,9 @@ pub struct Checkpoint {
     /// How the loop ended, when that invocation ended it.
     #[serde(default)]
     pub end: Option<LoopEnd>,
+    /// Whether that invocation committed something.
+    #[serde(default)]
+    pub committed: bool,
 }
 
 /// One invocation's progress, published on the results queue after its checkpoint is kept.

@@ -214,6 +214,9 @@ impl Engine<'_> {
                 Vec::new()
             },
         };
+        // A re-issued attempt goes on from the invocations an earlier one reported (its
+        // checkpoint), so none of them is taken twice.
+        let invocations = self.state.jobs.get(&job_id).map_or(0, |r| r.invocations);
         self.state.jobs.insert(
             job_id,
             JobRecord {
@@ -228,7 +231,7 @@ impl Engine<'_> {
                 timeout_seconds: self.bundle.graph.timeout_for(n),
                 started_at: None,
                 worker: None,
-                invocations: 0,
+                invocations,
             },
         );
         self.fx.push(Effect::Publish(Box::new(spec)));

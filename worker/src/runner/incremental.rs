@@ -72,6 +72,17 @@ struct Resumed {
     last: Value,
     end: Option<LoopEnd>,
     after: Option<u32>,
+    /// Whether the checkpoint's invocation committed something.
+    committed: bool,
+}
+
+/// What a checkpoint keeps of the loop.
+struct Kept<'a> {
+    book: &'a LoopBook,
+    transcript: &'a Option<Value>,
+    last: &'a Value,
+    end: Option<LoopEnd>,
+    committed: bool,
 }
 
 impl Runner {
@@ -106,7 +117,14 @@ impl Runner {
             mut last,
             mut end,
             after,
+            committed,
         } = self.resume(&s, &key, prior).await?;
+        if let Some(n) = after {
+            // The execution that kept the checkpoint may have died before announcing it: the
+            // engine takes an invocation's progress once, so it is announced again.
+            self.announce(s.spec, n, &last, committed, s.wt.head(), book.delivered)
+                .await;
+        }
         let inbox = Inbox::after(book.delivered);
         inbox.offer(s.spec.inbox.clone());
         self.inboxes
@@ -186,9 +204,14 @@ impl Runner {
             end = book.record(s.plan, &progress, committed, checkpoints);
             transcript = Some(out.transcript);
             last = out.output;
-            let head = self
-                .keep_checkpoint(&s, &key, &book, &transcript, &last, end)
-                .await?;
+            let kept = Kept {
+                book: &book,
+                transcript: &transcript,
+                last: &last,
+                end,
+                committed,
+            };
+            let head = self.keep_checkpoint(&s, &key, kept).await?;
             crate::faults::point("worker.after_checkpoint").await;
             info!(job = %s.spec.job_id, invocation = n, committed, end = ?end, "invocation checkpointed");
             self.announce(s.spec, n, &last, committed, head, book.delivered)
@@ -224,6 +247,7 @@ impl Runner {
             last: Value::Null,
             end: None,
             after: None,
+            committed: false,
         };
         let kept: Checkpoint = match self.blobs.get_json(key).await {
             Ok(c) => c,
@@ -246,6 +270,7 @@ impl Runner {
             transcript: Some(kept.transcript),
             last: kept.last,
             end: kept.end,
+            committed: kept.committed,
         })
     }
 
@@ -284,11 +309,15 @@ impl Runner {
         &self,
         s: &Sessions<'_>,
         key: &str,
-        book: &LoopBook,
-        transcript: &Option<Value>,
-        last: &Value,
-        end: Option<LoopEnd>,
+        kept: Kept<'_>,
     ) -> Result<String, RunError> {
+        let Kept {
+            book,
+            transcript,
+            last,
+            end,
+            committed,
+        } = kept;
         let head = s.wt.head();
         let mut pack = None;
         if head != s.wt.base() {
@@ -306,6 +335,7 @@ impl Runner {
             pack,
             last: last.clone(),
             end,
+            committed,
         };
         self.blobs.put_json(key, &checkpoint).await?;
         Ok(head)

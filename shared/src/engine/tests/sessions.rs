@@ -180,3 +180,32 @@ fn crosstalk_must_name_an_incremental_agent_other_than_itself() {
     .unwrap_err();
     assert!(format!("{e:?}").contains("max_invocations"), "{e:?}");
 }
+
+#[test]
+fn a_reissued_attempt_does_not_take_an_invocation_twice() {
+    let b = bundle(TALK);
+    let t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
+    let skel = jobs_of(&t)[0].clone();
+    let t = step(&b, &t.state, ok(&skel.job_id, json!({})));
+    let (tests, imp) = (jobs_of(&t)[0].clone(), jobs_of(&t)[1].clone());
+    let t = step(&b, &t.state, progress(&tests.job_id, 1, 1, true, 0));
+    assert_eq!(deliveries(&t).len(), 1);
+    // The worker went silent: attempt 2, which resumes from the checkpoint of invocation 1
+    // and announces it again.
+    let t = step(
+        &b,
+        &t.state,
+        Event::Reissue {
+            job_id: tests.job_id.clone(),
+            attempt: 1,
+            started_at: None,
+            at: time(9),
+        },
+    );
+    assert_eq!(t.state.jobs[&tests.job_id].attempt, 2);
+    let again = step(&b, &t.state, progress(&tests.job_id, 2, 1, true, 0));
+    assert_eq!(again.applied, Applied::Duplicate);
+    assert_eq!(again.state.mailboxes[&imp.node].messages.len(), 1);
+    let next = step(&b, &t.state, progress(&tests.job_id, 2, 2, true, 0));
+    assert_eq!(next.state.mailboxes[&imp.node].messages.len(), 2);
+}
