@@ -70,9 +70,8 @@ impl LanguageIndex for Haskell {
                 seen.push(name.clone());
             }
             let mut cursor = decl.walk();
-            let matches: Vec<Node<'_>> = decl
-                .children_by_field_name("match", &mut cursor)
-                .collect();
+            let matches: Vec<Node<'_>> =
+                decl.children_by_field_name("match", &mut cursor).collect();
             let stub = !matches.is_empty()
                 && matches.iter().all(|m| {
                     m.child_by_field_name("guards").is_none()
@@ -303,16 +302,13 @@ fn is_stub(expr: Node<'_>, src: &[u8]) -> bool {
         n.kind() == "variable" && matches!(text(n, src), "error" | "errorWithoutStackTrace")
     };
     match expr.kind() {
-        "parens" => expr
-            .named_child(0)
-            .is_some_and(|inner| is_stub(inner, src)),
+        "parens" => expr.named_child(0).is_some_and(|inner| is_stub(inner, src)),
         "variable" => text(expr, src) == "undefined",
-        "apply" => expr
-            .child_by_field_name("function")
-            .is_some_and(is_error),
+        "apply" => expr.child_by_field_name("function").is_some_and(is_error),
         "infix" => {
             let op = expr.child_by_field_name("operator");
-            expr.child_by_field_name("left_operand").is_some_and(is_error)
+            expr.child_by_field_name("left_operand")
+                .is_some_and(is_error)
                 && op.is_some_and(|o| text(o, src) == "$")
         }
         _ => false,
@@ -380,7 +376,11 @@ toList s
         assert_eq!(ix.signatures["top"], "Stack a -> Maybe a");
         assert!(ix.definitions["size"].contains("error"));
         // Parameters are not calls; constructors are not variables.
-        assert!(ix.definitions["pop"].is_empty(), "{:?}", ix.definitions["pop"]);
+        assert!(
+            ix.definitions["pop"].is_empty(),
+            "{:?}",
+            ix.definitions["pop"]
+        );
     }
 
     #[test]

@@ -27,8 +27,8 @@ pub fn test_modules(root: &Path, test_paths: &[String]) -> Result<Vec<TestModule
         let rel = shared::paths::normalize_relative(path).map_err(|e| e.to_string())?;
         let source = safe_fs::read_text_within(root, &rel, SOURCE_CAP)
             .map_err(|e| format!("cannot read the test file {rel}: {e}"))?;
-        let module = crate::claims::haskell::module_name(&source)
-            .map_err(|e| format!("{rel}: {e}"))?;
+        let module =
+            crate::claims::haskell::module_name(&source).map_err(|e| format!("{rel}: {e}"))?;
         let properties =
             crate::claims::haskell::properties(&source).map_err(|e| format!("{rel}: {e}"))?;
         out.push(TestModule {
