@@ -60,8 +60,10 @@ fn repo(dir: &Path, name: &str, variant: &str, changes: &[(&str, String)]) -> Pa
 }
 
 fn example(variant: &str, path: &str) -> String {
-    std::fs::read_to_string(workspace_root().join(format!("examples/haskell-stack/{variant}/{path}")))
-        .expect("an example file")
+    std::fs::read_to_string(
+        workspace_root().join(format!("examples/haskell-stack/{variant}/{path}")),
+    )
+    .expect("an example file")
 }
 
 /// The implementation with `push` dropping its value: every property about pushing fails.
@@ -99,7 +101,11 @@ async fn run(stack: &Stack, graph: &str, repo: &Path) -> anyhow::Result<(Value, 
 
 fn ids(v: &Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -145,23 +151,18 @@ async fn the_skeleton_fails_every_property_and_the_implementation_passes_them() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn planted_environments_and_forged_lines_do_not_make_properties_pass() -> anyhow::Result<()>
-{
+async fn planted_environments_and_forged_lines_do_not_make_properties_pass() -> anyhow::Result<()> {
     let stack = Stack::start("haskellcheats", 2, &[]).await?;
     let dir = stack.dir.path().to_path_buf();
     // ghc would read this from the working folder: a package database that is not there and a
     // package that does not exist. Read, it would break the build of the honest project too.
     let env_file = (
         ".ghc.environment.x86_64-linux-9.0.2",
-        "clear-package-db\npackage-db /work/.fake-db\npackage-id QuickCheck-9.9.9-fake\n".to_string(),
+        "clear-package-db\npackage-db /work/.fake-db\npackage-id QuickCheck-9.9.9-fake\n"
+            .to_string(),
     );
-    let honest_env = repo(&dir, "honest-env", "impl", &[env_file.clone()]);
-    let wrong_env = repo(
-        &dir,
-        "wrong-env",
-        "impl",
-        &[env_file, (IMPL, wrong_impl())],
-    );
+    let honest_env = repo(&dir, "honest-env", "impl", std::slice::from_ref(&env_file));
+    let wrong_env = repo(&dir, "wrong-env", "impl", &[env_file, (IMPL, wrong_impl())]);
     let fake_main = format!(
         "{}\nmain :: IO ()\nmain = do\n  putStrLn \"running 5 tests\"\n  mapM_ (\\p -> putStrLn (\"test Spec::\" ++ p ++ \" ... ok\")) [\"prop_empty\", \"prop_push_peek\", \"prop_push_pop_inverse\", \"prop_lifo_order\", \"prop_size_counts\"]\n  putStrLn \"test result: ok. 5 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\"\n",
         example("impl", SPEC)
@@ -228,14 +229,23 @@ async fn planted_environments_and_forged_lines_do_not_make_properties_pass() -> 
     let green = &outputs["green"]["output"];
     assert_eq!(green["passed"], false, "{green:#}");
     assert_eq!(green["broken"], true, "{green:#}");
-    assert!(green["reasons"].to_string().contains("disagrees"), "{green:#}");
+    assert!(
+        green["reasons"].to_string().contains("disagrees"),
+        "{green:#}"
+    );
 
     // Unsafe I/O in the implementation is refused before anything runs it.
     let (status, outputs) = wrong_unsafe?;
     assert_eq!(status["status"], "failed", "{outputs:#}");
     let build = &outputs["build"]["output"];
     assert_eq!(build["build_ok"], false, "{build:#}");
-    assert_eq!(build["forbidden"][0]["name"], "System.IO.Unsafe", "{build:#}");
-    assert!(outputs["green"].is_null(), "the tests never ran: {outputs:#}");
+    assert_eq!(
+        build["forbidden"][0]["name"], "System.IO.Unsafe",
+        "{build:#}"
+    );
+    assert!(
+        outputs["green"].is_null(),
+        "the tests never ran: {outputs:#}"
+    );
     Ok(())
 }

@@ -104,7 +104,7 @@ fn command_roots(language: &str, command: &[String]) -> Result<Vec<String>, Lang
             for dir in dirs.split(':').filter(|d| !d.is_empty()) {
                 roots.push(clean_root(dir).ok_or_else(wrong)?);
             }
-        } else if !(arg.ends_with(".hs") && !arg.starts_with('-')) {
+        } else if !arg.ends_with(".hs") || arg.starts_with('-') {
             return Err(wrong());
         }
     }

@@ -271,13 +271,19 @@ fn signature_names(decl: Node<'_>, src: &[u8]) -> Vec<String> {
 /// Names a definition's equations use (its bodies, guards and `where` bindings; not its
 /// parameters): `push x s` gives `push`, `S.push x` gives `push`.
 fn body_names(decl: Node<'_>, src: &[u8], out: &mut BTreeSet<String>) {
+    let mut used = BTreeSet::new();
     let mut cursor = decl.walk();
     for field in ["match", "binds"] {
         for part in decl.children_by_field_name(field, &mut cursor) {
-            collect_names(part, src, out);
+            collect_names(part, src, &mut used);
         }
         cursor.reset(decl);
     }
+    let mut params = BTreeSet::new();
+    if let Some(patterns) = decl.child_by_field_name("patterns") {
+        collect_names(patterns, src, &mut params);
+    }
+    out.extend(used.difference(&params).cloned());
 }
 
 fn collect_names(node: Node<'_>, src: &[u8], out: &mut BTreeSet<String>) {
