@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# Builds the agent image locally (no registry here): a Debian minbase root file system made by
-# debootstrap with Python, pytest and git, imported into Docker, then the command agents of
+# Builds an agent image locally (no registry here): a Debian minbase root file system made by
+# debootstrap with the image's packages, imported into Docker, then the command agents of
 # images/agents/ copied into /usr/local/bin as a layer of their own. Cached by tag; the agents'
 # layer is made again whenever images/agents/ changes (the image's `fleet.agents` label).
+#
+# The tag names the toolchain (its name before the `:`):
+#   fleet-agent-py  python3, pytest, git
+#   fleet-agent-hs  ghc with QuickCheck (Debian's libghc-quickcheck2-dev), git; python3 for the
+#                   command agents of images/agents/. QuickCheck's own dependencies random and
+#                   splitmix are named too: Debian's Haskell packages depend on virtual names
+#                   (`libghc-random-dev-1.2.1.1-f840d`) that debootstrap's resolver cannot follow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE="${1:-fleet-agent-py:1}"
+case "${IMAGE%%:*}" in
+  fleet-agent-py) PACKAGES="python3,python3-pytest,git,ca-certificates" ;;
+  fleet-agent-hs) PACKAGES="ghc,libghc-quickcheck2-dev,libghc-random-dev,libghc-splitmix-dev,python3,git,ca-certificates" ;;
+  *) echo "[image] no package list for $IMAGE (known: fleet-agent-py, fleet-agent-hs)" >&2; exit 2 ;;
+esac
 AGENTS_HASH="$(cd images/agents && find . -type f | sort | xargs sha256sum | sha256sum | cut -c1-16)"
 
 # The command agents, as a layer over the image (docker create, cp, commit: no registry).
@@ -33,9 +45,13 @@ fi
 ROOTFS="$(mktemp -d /tmp/fleet-rootfs.XXXXXX)"
 trap 'rm -rf "$ROOTFS"' EXIT
 echo "[image] debootstrap into $ROOTFS"
-debootstrap --variant=minbase --include=python3,python3-pytest,git,ca-certificates \
-  bookworm "$ROOTFS" http://deb.debian.org/debian >/dev/null
-ln -sf python3 "$ROOTFS/usr/bin/python"
+if ! debootstrap --variant=minbase --include="$PACKAGES" \
+  bookworm "$ROOTFS" http://deb.debian.org/debian >/dev/null; then
+  echo "[image] debootstrap failed for $IMAGE; its log ends:" >&2
+  tail -20 "$ROOTFS/debootstrap/debootstrap.log" >&2 || true
+  exit 1
+fi
+[ -e "$ROOTFS/usr/bin/python3" ] && ln -sf python3 "$ROOTFS/usr/bin/python"
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb
 tar -C "$ROOTFS" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$IMAGE" >/dev/null
 echo "[image] built $IMAGE"

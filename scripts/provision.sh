@@ -2,11 +2,13 @@
 # Provisions everything the integration tests need on a fresh Debian machine.
 # Safe to run twice: every step checks before it acts.
 #   RabbitMQ, Redis and headless Chromium from Debian's packages, an S3-compatible server (moto_server from PyPI),
-#   and the agent image built locally with debootstrap (there is no registry).
+#   and the agent images built locally with debootstrap (there is no registry): fleet-agent-py:1,
+#   and fleet-agent-hs:1 (ghc and QuickCheck, for Haskell projects; FLEET_HS_IMAGE= skips it).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 STATE_DIR="${FLEET_STATE_DIR:-/tmp/fleet-services}"
 IMAGE="${FLEET_IMAGE:-fleet-agent-py:1}"
+HS_IMAGE="${FLEET_HS_IMAGE-fleet-agent-hs:1}"
 S3_PORT="${FLEET_S3_PORT:-9000}"
 mkdir -p "$STATE_DIR"
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -77,6 +79,11 @@ if ! curl -fs "http://127.0.0.1:$S3_PORT/" >/dev/null 2>&1; then
 fi
 curl -fs -X PUT "http://127.0.0.1:$S3_PORT/fleet" >/dev/null || true
 
-# --- the agent image ---
+# --- the agent images ---
 "$here/scripts/build-image.sh" "$IMAGE"
-log "ready: redis 6379, rabbitmq 5672, s3 $S3_PORT, image $IMAGE"
+images="$IMAGE"
+if [ -n "$HS_IMAGE" ]; then
+  "$here/scripts/build-image.sh" "$HS_IMAGE"
+  images="$images, $HS_IMAGE"
+fi
+log "ready: redis 6379, rabbitmq 5672, s3 $S3_PORT, images $images"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: provisions RabbitMQ, Redis, S3 (moto) and the agent image if needed, builds
-# the `fleet` binary the integration tests start as processes, then runs every test.
+# The test command: provisions RabbitMQ, Redis, S3 (moto) and the agent images (Python and
+# Haskell) if needed, builds the `fleet` binary the integration tests start as processes, then
+# runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/provision.sh

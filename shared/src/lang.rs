@@ -26,6 +26,39 @@
 //!   proptest draws the same cases every run), one test thread, results read per test from
 //!   libtest's lines. A planted `.cargo/config.toml` or `build.rs` is kept out by write scopes,
 //!   not here.
+//! - **haskell (QuickCheck, `haskell.rs`)**: the test command only names the source roots
+//!   (`runghc -isrc -itest test/Spec.hs`; any other ghc flag is refused, since flags such as
+//!   `-pgmF` or `-fplugin` run programs and `-package-env` changes packages). The harness writes
+//!   its own runner module into its folder (`/fleet/hs/FleetRunner.hs`, outside the worktree):
+//!   it imports each frozen test module, runs each of its top-level `prop_*` bindings (found on
+//!   the host with tree-sitter, never by running the tests' own `main`, which the runner
+//!   replaces through `-main-is`) with `quickCheckWithResult` under a fixed replay seed and size
+//!   (`mkQCGen 0`, 100 cases) with chatty off, catches every exception per property, and prints
+//!   one libtest line per property (`test Spec::prop_x ... ok|FAILED`), the failures' output
+//!   indented under libtest's headers (so a message line never reads as a result) and libtest's
+//!   closing line with its own counts, which must agree with the lines (a line printed by code
+//!   under test adds to the lines but not to the runner's count). A canary property (fresh name
+//!   per run, always false) must be reported failing. ghc runs under `env -i` (as above, and
+//!   `GHC_ENVIRONMENT=-`) with `-package-env -` (a planted `.ghc.environment.*` file is never
+//!   read), `-no-user-package-db` (nothing under `$HOME`), `-hide-all-packages` and only
+//!   `base`, `QuickCheck` and `containers` exposed, a bare `-i` first (the working folder is
+//!   not a source root) and then the roots of the command and of the test files, `-outputdir`
+//!   and `-o` in the harness folder's `out/`, `-fforce-recomp` (nothing compiled earlier is
+//!   reused) and `-XSafe` for every module: Safe Haskell refuses `unsafePerformIO`, Template
+//!   Haskell, FFI imports outside `IO` and a module's own `Trustworthy` claim, so pure code under
+//!   test cannot print a result line or end the process. The runner's own imports are
+//!   package-qualified, so a module planted under a source root cannot stand in for QuickCheck
+//!   or base in the runner. Not pinned here: an `OPTIONS_GHC` pragma in a source file still
+//!   applies (ghc has no switch to ignore it, and `-F -pgmF` runs a program at compile time);
+//!   the implementation policy (`check_build`) refuses such pragmas in the implementation and
+//!   write scopes keep the tests' files out of its reach.
+
+mod haskell;
+
+pub use haskell::{
+    canary as haskell_canary, is_module_name, is_property_name, test_id as haskell_test_id,
+    TestModule, PACKAGES as HASKELL_PACKAGES,
+};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -51,8 +84,11 @@ pub struct RunLayout {
     pub harness: String,
     /// Test files, relative to the worktree (from the run's input).
     pub test_paths: Vec<String>,
-    /// A harness-owned canary test file (absolute, in the harness folder), if any.
+    /// The harness-owned canary, if any: python, a test file (absolute, in the harness
+    /// folder); haskell, a property name the runner adds.
     pub canary: Option<String>,
+    /// Haskell: the frozen test modules and their properties, as the worker found them.
+    pub test_modules: Vec<TestModule>,
 }
 
 /// A pinned test run: the argv and where its report comes from.
@@ -68,7 +104,7 @@ pub struct TestInvocation {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LangError {
-    #[error("no test configuration for language `{0}` (known: python, rust)")]
+    #[error("no test configuration for language `{0}` (known: python, rust, haskell)")]
     Unknown(String),
     #[error("the {language} test command must run {runner}: `{command}`")]
     WrongRunner {
@@ -76,10 +112,12 @@ pub enum LangError {
         runner: &'static str,
         command: String,
     },
+    #[error("bad test module: {0}")]
+    BadTestModule(String),
 }
 
 /// Languages with a pinned test configuration.
-pub const LANGUAGES: &[&str] = &["python", "rust"];
+pub const LANGUAGES: &[&str] = &["python", "rust", "haskell"];
 
 const JUNIT_FILE: &str = "out/report.xml";
 const INI_FILE: &str = "pytest.ini";
@@ -252,6 +290,7 @@ pub fn test_invocation(
                 harness_files: Vec::new(),
             })
         }
+        "haskell" => haskell::invocation(command, layout),
         other => Err(LangError::Unknown(other.into())),
     }
 }
@@ -276,6 +315,7 @@ mod tests {
             harness: "/fleet".into(),
             test_paths: vec!["tests/test_stack.py".into()],
             canary: Some("/fleet/canary/test_fleet_canary_ab.py".into()),
+            test_modules: Vec::new(),
         }
     }
 

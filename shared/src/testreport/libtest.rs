@@ -118,6 +118,23 @@ fn push_case(cases: &mut Vec<TestCase>, case: TestCase) -> Result<(), ReportErro
     Ok(())
 }
 
+/// libtest's closing line, the last one in `output`: `test result: FAILED. 3 passed; 2 failed;
+/// 0 ignored; ...` gives the passed and failed counts.
+pub fn libtest_summary(output: &str) -> Option<(usize, usize)> {
+    let line = output
+        .lines()
+        .rev()
+        .find_map(|l| l.trim_end_matches('\r').strip_prefix("test result: "))?;
+    let (_, counts) = line.split_once(". ")?;
+    let count = |what: &str| {
+        counts.split(';').find_map(|part| {
+            let (n, word) = part.trim().split_once(' ')?;
+            (word == what).then(|| n.parse::<usize>().ok()).flatten()
+        })
+    };
+    Some((count("passed")?, count("failed")?))
+}
+
 /// Parses libtest output: the human per-test lines of `cargo test` (messages from the
 /// `failures:` section when present) and libtest's JSON lines (`--format json`). An output with
 /// neither a test line nor a `running N tests` line is an error.

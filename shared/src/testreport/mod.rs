@@ -28,7 +28,7 @@ mod libtest;
 
 pub use judge::{judge_fail, judge_pass, pytest_summary, FailJudgement, PassJudgement};
 pub use junit::parse_junit;
-pub use libtest::parse_libtest;
+pub use libtest::{libtest_summary, parse_libtest};
 
 use std::collections::BTreeSet;
 

@@ -1,7 +1,8 @@
 //! Claims checked against disk: names an agent's output says it wrote must be defined in the
 //! files it changed, and a test that claims to exercise a function must call it. Parsing is
-//! per language behind `LanguageIndex` (Python: tree-sitter).
+//! per language behind `LanguageIndex` (tree-sitter: `python.rs`, `haskell.rs`).
 
+pub mod haskell;
 pub mod policy;
 mod python;
 
@@ -12,22 +13,34 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FileIndex {
     pub definitions: BTreeMap<String, BTreeSet<String>>,
+    /// Declared types by name, where the language writes them apart (Haskell's `f :: T`).
+    pub signatures: BTreeMap<String, String>,
 }
 
 pub trait LanguageIndex {
     /// Does this language own the file?
     fn handles(&self, path: &str) -> bool;
     fn index(&self, source: &str) -> Result<FileIndex, String>;
-    /// Functions whose body is not the language's stub (Python: `raise NotImplementedError`);
-    /// special methods are part of the type's representation and exempt.
+    /// Functions whose body is not the language's stub (Python: `raise NotImplementedError`;
+    /// Haskell: `error "..."`, `error $ ...`, `undefined`); special methods (Python) and
+    /// instance methods (Haskell) are part of the type's representation and exempt.
     fn not_stubbed(&self, source: &str) -> Result<Vec<String>, String>;
 }
 
 pub fn language(name: &str) -> Option<Box<dyn LanguageIndex>> {
-    match name {
-        "python" => Some(Box::new(python::Python)),
+    match name.trim().to_ascii_lowercase().as_str() {
+        "python" | "py" => Some(Box::new(python::Python)),
+        "haskell" | "hs" => Some(Box::new(haskell::Haskell)),
         _ => None,
     }
+}
+
+/// The adapter owning a file, by its extension (`.py`, `.hs`).
+pub fn for_path(path: &str) -> Option<Box<dyn LanguageIndex>> {
+    [language("python"), language("haskell")]
+        .into_iter()
+        .flatten()
+        .find(|l| l.handles(path))
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -153,6 +166,14 @@ def test_push_pop():
 def test_lazy():
     assert True
 "#;
+
+    #[test]
+    fn the_adapter_is_chosen_by_language_or_by_extension() {
+        assert!(language("Haskell").is_some() && language("cobol").is_none());
+        assert!(for_path("src/Data/Stack.hs").is_some_and(|l| l.handles("x.hs")));
+        assert!(for_path("stack.py").is_some_and(|l| l.handles("y.py")));
+        assert!(for_path("notes.txt").is_none());
+    }
 
     #[test]
     fn definitions_nobody_declared_are_reported() {

@@ -1,5 +1,6 @@
 //! `check_build`: the build command run by the harness, after the implementation policy
-//! (`claims::policy`) has refused code that reaches the test runner's process.
+//! (`claims::policy` for Python, `claims::haskell` for Haskell) has refused code that reaches
+//! the test runner's process.
 
 use super::{bad_params, default_timeout, python};
 use crate::harness::{Artifacts, StepOutcome};
@@ -11,24 +12,37 @@ use shared::messages::JobStatus;
 use std::path::Path;
 use std::time::Duration;
 
+type PolicyCheck = fn(&str, &[String]) -> Result<Vec<crate::claims::policy::Forbidden>, String>;
+
 /// Implementation code that reaches the test runner's process is refused before anything runs
-/// it (`claims::policy`): for Python the code under test shares the runner's process.
+/// it: for Python (`claims::policy`) and Haskell (`claims::haskell`) the code under test
+/// shares the runner's process.
 fn impl_policy(
     language: &str,
     impl_paths: &[String],
     allow: &[String],
     root: &Path,
 ) -> Option<StepOutcome> {
-    if language != "python" {
-        return None;
-    }
-    let rules: Vec<String> = crate::claims::policy::PYTHON_FORBIDDEN
+    let (defaults, check, ext): (&[&str], PolicyCheck, &str) = match language {
+        "python" => (
+            crate::claims::policy::PYTHON_FORBIDDEN,
+            crate::claims::policy::python_forbidden,
+            ".py",
+        ),
+        "haskell" => (
+            crate::claims::haskell::HASKELL_FORBIDDEN,
+            crate::claims::haskell::forbidden,
+            ".hs",
+        ),
+        _ => return None,
+    };
+    let rules: Vec<String> = defaults
         .iter()
         .filter(|r| !allow.iter().any(|a| a == *r))
         .map(|r| r.to_string())
         .collect();
     let mut found = Vec::new();
-    for path in impl_paths.iter().filter(|p| p.ends_with(".py")) {
+    for path in impl_paths.iter().filter(|p| p.ends_with(ext)) {
         let source = match safe_fs::read_text_within(root, path, 1 << 20) {
             Ok(s) => s,
             Err(e) if e.is_not_found() => continue,
@@ -41,7 +55,7 @@ fn impl_policy(
             }
         };
         // Unparsable sources are the build's to report.
-        if let Ok(hits) = crate::claims::policy::python_forbidden(&source, &rules) {
+        if let Ok(hits) = check(&source, &rules) {
             found.extend(hits.into_iter().map(|h| (path.clone(), h)));
         }
     }

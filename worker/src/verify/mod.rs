@@ -10,9 +10,12 @@
 //! `observe.rs` runs the tests once and reads the report (canary, summary); `judge.rs` is the
 //! `run_tests` op and its verdict; `rerun.rs` reruns a run that disagrees with its expectation
 //! or with the agent's claim and keeps a verdict that would depend on the run from being given
-//! (`shared::testreport::flaky`); `build.rs` is `check_build` with the implementation policy.
+//! (`shared::testreport::flaky`); `build.rs` is `check_build` with the implementation policy;
+//! `haskell.rs` finds a Haskell run's test modules and properties on the host and checks its
+//! runner's closing line.
 
 mod build;
+mod haskell;
 mod judge;
 mod observe;
 mod rerun;

@@ -1,6 +1,7 @@
 //! One run of the tests with the language's pins: the canary laid down, stray processes killed,
-//! the JUnit report read from the harness folder (never through a link, capped), the canary taken
-//! out of it, and the runner's own summary checked against it.
+//! the JUnit report read from the harness folder (never through a link, capped) or libtest's
+//! lines from standard output, the canary taken out of it, and the runner's own summary
+//! checked against it (pytest's closing line; for Haskell the harness runner's libtest line).
 
 use super::{Observation, RunPlace, TestRunParams};
 use crate::safe_fs;
@@ -31,14 +32,24 @@ pub async fn observe(
         .map_err(|e| format!("bad test command: {e}"))?;
     let mounts = place.session.mounts();
     let harness_mount = mounts.harness.ok_or("the session has no harness folder")?;
+    let haskell = params.language == "haskell";
     let canary = (params.language == "python").then(|| lang::python_canary(&nonce(seed)));
+    let hs_canary = haskell.then(|| lang::haskell_canary(&nonce(seed)));
+    let test_modules = if haskell {
+        let (root, paths) = (place.wt.dir.clone(), params.test_paths.clone());
+        safe_fs::blocking(move || super::haskell::test_modules(&root, &paths)).await?
+    } else {
+        Vec::new()
+    };
     let layout = RunLayout {
         work: mounts.work,
         harness: harness_mount.clone(),
         test_paths: params.test_paths.clone(),
         canary: canary
             .as_ref()
-            .map(|(file, _)| format!("{harness_mount}/canary/{file}")),
+            .map(|(file, _)| format!("{harness_mount}/canary/{file}"))
+            .or_else(|| hs_canary.clone()),
+        test_modules,
     };
     let inv = lang::test_invocation(&params.language, &argv, &layout).map_err(|e| e.to_string())?;
     {
@@ -100,17 +111,26 @@ pub async fn observe(
             let (dir, file) = (place.harness_dir.to_path_buf(), inv.report_file.clone());
             safe_fs::blocking(move || read_junit(&dir, file.as_deref())).await
         }
+        // The Haskell runner's script exits 2 when ghc refused the modules: nothing ran.
+        ReportSource::LibtestStdout if haskell && exec.exit_code == 2 && stdout.is_empty() => {
+            Err(format!(
+                "the test modules do not compile: {}",
+                shared::text::tail(&stderr, 20, 2000)
+            ))
+        }
         ReportSource::LibtestStdout => {
             testreport::parse_libtest(&stdout).map_err(|e| format!("unreadable test output: {e}"))
         }
     };
     let mut exit_code = exec.exit_code;
-    let report = match (report, &canary) {
-        (Ok(r), Some((file, _))) => {
+    let report = match (report, &canary, &hs_canary) {
+        (Ok(r), Some((file, _)), _) => {
             let tag = file.trim_end_matches(".py");
             take_canary(r, tag, &mut exit_code).and_then(|r| summary_agrees(r, &stdout, timed_out))
         }
-        (r, _) => r,
+        (Ok(r), None, Some(tag)) => take_canary(r, tag, &mut exit_code)
+            .and_then(|r| super::haskell::summary_agrees(r, &stdout, timed_out)),
+        (r, _, _) => r,
     };
     Ok(Observation {
         exec,

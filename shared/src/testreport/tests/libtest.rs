@@ -91,3 +91,14 @@ fn libtest_too_many_cases() {
         .collect();
     assert_eq!(parse_libtest(&many), Err(ReportError::TooManyCases));
 }
+
+#[test]
+fn the_closing_line_counts_come_from_the_last_one() {
+    use super::super::libtest_summary;
+    let out = "test result: ok. 9 passed; 0 failed; 0 ignored\n\
+               test a ... FAILED\n\
+               test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n";
+    assert_eq!(libtest_summary(out), Some((2, 1)));
+    assert_eq!(libtest_summary("test a ... ok\n"), None);
+    assert_eq!(libtest_summary("test result: ok. lots passed\n"), None);
+}
