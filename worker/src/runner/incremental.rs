@@ -24,7 +24,7 @@ use shared::session::{
     LoopSpec, ProgressNotice, SessionMessage,
 };
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// One incremental session: the job, its loop, and where it runs.
@@ -49,6 +49,53 @@ fn checkpoint_key(spec: &JobSpec) -> String {
     )
 }
 
+/// The most jobs whose messages came before their session started that a worker holds on to.
+const EARLY_JOBS: usize = 256;
+/// How long such messages are held.
+const EARLY_FOR: Duration = Duration::from_secs(600);
+
+/// The inboxes of the sessions running here, and messages for sessions that have not started
+/// here yet (the control channel reaches every worker; the one that starts the session, maybe
+/// only a moment later, takes them).
+#[derive(Default)]
+pub(crate) struct Mailroom {
+    inboxes: std::collections::HashMap<JobId, Inbox>,
+    early: std::collections::HashMap<JobId, (Instant, Vec<SessionMessage>)>,
+}
+
+impl Mailroom {
+    fn deliver(&mut self, job: &JobId, messages: Vec<SessionMessage>) -> bool {
+        if let Some(inbox) = self.inboxes.get(job) {
+            inbox.offer(messages);
+            return true;
+        }
+        let now = Instant::now();
+        self.early
+            .retain(|_, (at, _)| now.duration_since(*at) < EARLY_FOR);
+        if self.early.len() >= EARLY_JOBS && !self.early.contains_key(job) {
+            if let Some(oldest) = self
+                .early
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(j, _)| j.clone())
+            {
+                self.early.remove(&oldest);
+            }
+        }
+        let held = self.early.entry(job.clone()).or_insert((now, Vec::new()));
+        held.0 = now;
+        held.1.extend(messages);
+        false
+    }
+
+    fn open(&mut self, job: &JobId, inbox: Inbox) {
+        if let Some((_, early)) = self.early.remove(job) {
+            inbox.offer(early);
+        }
+        self.inboxes.insert(job.clone(), inbox);
+    }
+}
+
 /// Removes the job's inbox from the runner when the session ends, however it ends.
 struct Registered<'a> {
     runner: &'a Runner,
@@ -58,9 +105,10 @@ struct Registered<'a> {
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
         self.runner
-            .inboxes
+            .mailroom
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .inboxes
             .remove(&self.job);
     }
 }
@@ -93,15 +141,16 @@ impl Runner {
 
     /// Messages for a session running here; false when the job does not run here.
     pub fn deliver(&self, job: &JobId, messages: Vec<SessionMessage>) -> bool {
-        let inboxes = self.inboxes.lock().unwrap_or_else(|p| p.into_inner());
-        match inboxes.get(job) {
-            Some(inbox) => {
-                info!(job = %job, count = messages.len(), "messages for a running session");
-                inbox.offer(messages);
-                true
-            }
-            None => false,
+        let count = messages.len();
+        let here = self
+            .mailroom
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .deliver(job, messages);
+        if here {
+            info!(job = %job, count, "messages for a running session");
         }
+        here
     }
 
     pub(super) async fn incremental(
@@ -127,10 +176,10 @@ impl Runner {
         }
         let inbox = Inbox::after(book.delivered);
         inbox.offer(s.spec.inbox.clone());
-        self.inboxes
+        self.mailroom
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(s.spec.job_id.clone(), inbox.clone());
+            .open(&s.spec.job_id, inbox.clone());
         let _registered = Registered {
             runner: self,
             job: s.spec.job_id.clone(),
@@ -371,5 +420,36 @@ impl Runner {
         if let Err(e) = broker.publish(QueueName::Results, &body, &id).await {
             warn!(job = %spec.job_id, invocation, error = %e, "could not announce an invocation's progress");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::ids::NodeId;
+
+    fn msg(seq: u64) -> SessionMessage {
+        SessionMessage {
+            seq,
+            from: NodeId::new("tests_loop"),
+            invocation: 1,
+            text: format!("m{seq}"),
+        }
+    }
+
+    #[test]
+    fn messages_that_come_before_their_session_wait_for_it() {
+        let mut room = Mailroom::default();
+        let job = JobId::new("r.impl.1");
+        assert!(!room.deliver(&job, vec![msg(1)]), "no session yet");
+        let inbox = Inbox::default();
+        room.open(&job, inbox.clone());
+        assert!(room.deliver(&job, vec![msg(2)]));
+        assert_eq!(inbox.take(), vec![msg(1), msg(2)]);
+        // Held messages are bounded by job count.
+        for i in 0..(EARLY_JOBS + 10) {
+            room.deliver(&JobId::new(format!("r.other.{i}")), vec![msg(1)]);
+        }
+        assert!(room.early.len() <= EARLY_JOBS);
     }
 }

@@ -98,8 +98,9 @@ pub struct Runner {
     pub clock: Arc<dyn Clock>,
     /// Whether steps are looked up in and kept in the step cache (`FLEET_STEP_CACHE`).
     pub cache_enabled: bool,
-    /// The inboxes of the incremental sessions running here, by job.
-    inboxes: Mutex<HashMap<shared::ids::JobId, crate::agent::inbox::Inbox>>,
+    /// The inboxes of the incremental sessions running here, and messages that came before
+    /// their session did.
+    mailroom: Mutex<incremental::Mailroom>,
     /// Where progress notices go (set by the consumer that serves this runner).
     notices: std::sync::OnceLock<Arc<dyn crate::queue::Broker>>,
 }
@@ -141,7 +142,7 @@ impl Runner {
             nonce: process_nonce(),
             clock: Arc::new(SystemClock),
             cache_enabled: cache::enabled_from_env(),
-            inboxes: Mutex::new(HashMap::new()),
+            mailroom: Mutex::new(incremental::Mailroom::default()),
             notices: std::sync::OnceLock::new(),
         })
     }
