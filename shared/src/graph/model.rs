@@ -161,7 +161,7 @@ pub struct Node {
 /// What one kind of node has that no other kind has.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NodeBody {
-    Agent(AgentBody),
+    Agent(Box<AgentBody>),
     /// Argv command templates, split with shell rules, never run by a shell.
     Command {
         commands: Vec<String>,

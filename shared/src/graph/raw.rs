@@ -319,7 +319,7 @@ impl RawNode {
             })
             .collect();
         let body = match kind {
-            NodeKind::Agent => NodeBody::Agent(AgentBody {
+            NodeKind::Agent => NodeBody::Agent(Box::new(AgentBody {
                 template: need(
                     &mut errs,
                     "template",
@@ -339,7 +339,7 @@ impl RawNode {
                 claims: self.claims,
                 incremental: self.incremental,
                 crosstalk: self.crosstalk,
-            }),
+            })),
             NodeKind::Command => {
                 if self.commands.is_empty() {
                     errs.push((

@@ -308,7 +308,9 @@ impl Runner {
             return Ok(fresh);
         }
         if let Some(pack) = &kept.pack {
-            self.git.ensure_packs(&self.blobs, &[pack.clone()]).await?;
+            self.git
+                .ensure_packs(&self.blobs, std::slice::from_ref(pack))
+                .await?;
         }
         let commit = kept.commit.clone();
         s.wt.blocking(move |wt| wt.advance_to(&commit)).await?;
