@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Turns an example's `repo` folder into a git repository at DEST, with one commit.
-# Usage: examples/make-repo.sh EXAMPLE_DIR DEST MESSAGE
+# Turns an example's `repo` folder (or the folder FOLDER of it) into a git repository at DEST,
+# with one commit.
+# Usage: examples/make-repo.sh EXAMPLE_DIR DEST MESSAGE [FOLDER]
 set -euo pipefail
-src="${1:?usage: make-repo.sh EXAMPLE_DIR DEST MESSAGE}/repo"
+src="${1:?usage: make-repo.sh EXAMPLE_DIR DEST MESSAGE [FOLDER]}/${4:-repo}"
 dest="${2:?usage: make-repo.sh EXAMPLE_DIR DEST MESSAGE}"
 message="${3:?usage: make-repo.sh EXAMPLE_DIR DEST MESSAGE}"
 rm -rf "$dest"

@@ -3,12 +3,5 @@
 # Usage: make-repo.sh DEST [skeleton|impl]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-dest="${1:?usage: make-repo.sh DEST [skeleton|impl]}"
 variant="${2:-skeleton}"
-rm -rf "$dest"
-mkdir -p "$dest"
-cp -r "$here/$variant/." "$dest/"
-git -C "$dest" init -q -b main
-git -C "$dest" add -A
-git -C "$dest" -c user.name=fleet -c user.email=fleet@localhost commit -q -m "stack: $variant"
-echo "$dest"
+exec "$here/../make-repo.sh" "$here" "${1:?usage: make-repo.sh DEST [skeleton|impl]}" "stack: $variant" "$variant"
