@@ -5,7 +5,8 @@
 //! it runs (in its transcript); the impl checkpoint's build failure is fed into its next
 //! invocation; the merged code's failing test goes back to the impl session, continued; a
 //! session that does not move is stuck; tests that pass on the skeleton are refused; a worker
-//! killed mid-loop is resumed from the checkpoint, not from scratch.
+//! killed mid-loop is resumed from the checkpoint, not from scratch. Seed 003's own example, the
+//! Haskell `Data.Stack` with QuickCheck properties, runs the same story in `fleet-agent-hs:1`.
 
 use fleet_tests::stack::{workspace_root, Stack, StackConfig};
 use serde_json::Value;
@@ -13,6 +14,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 async fn submit(stack: &Stack, script: &str) -> anyhow::Result<String> {
+    submit_with(stack, script, "input.json").await
+}
+
+async fn submit_with(stack: &Stack, script: &str, input: &str) -> anyhow::Result<String> {
     let root = workspace_root();
     let repo = stack.dir.path().join(format!("repo-{script}"));
     let made = Command::new(root.join("examples/types-first/make-repo.sh"))
@@ -39,7 +44,7 @@ async fn submit(stack: &Stack, script: &str) -> anyhow::Result<String> {
         "--repo",
         &repo.display().to_string(),
         "--input",
-        &example("input.json"),
+        &example(input),
         "--script",
         &example(&format!("script-{script}.json")),
     ])?;
@@ -213,5 +218,62 @@ async fn a_worker_killed_mid_loop_resumes_the_session_from_its_checkpoint() -> a
         .filter(|t| t.contains("(invocation 1)"))
         .collect();
     assert_eq!(heard.len(), 1, "{imp}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_haskell_example_runs_types_first_end_to_end() -> anyhow::Result<()> {
+    let stack = Stack::start("typesfirst-hs", 2, &[]).await?;
+    let run = submit_with(&stack, "haskell", "input-haskell.json").await?;
+    let status = stack.wait_run(&run, Duration::from_secs(600)).await?;
+    let result = outputs(&stack, &run).await?;
+    assert_eq!(status["status"], "succeeded", "{result}");
+    assert_eq!(result["exit"], "done", "{result}");
+
+    // The harness wrote the data declaration from the constructors and a stub per function;
+    // every property of the test skeleton failed on it with its specification.
+    let red = stack
+        .node_artifact_json(&run, "skeleton_red", 1, "test_report.json")
+        .await?;
+    let text = red.to_string();
+    for spec in ["SPEC[push]: puts a value on top", "SPEC[lifo_order]"] {
+        assert!(text.contains(spec), "{spec} missing: {red}");
+    }
+    // The test session's properties reached the impl session while it ran.
+    let transcript = stack
+        .node_artifact_json(&run, "impl_loop", 1, "transcript.json")
+        .await?;
+    let turns = user_turns(&transcript);
+    assert!(
+        turns.iter().any(|t| t.contains(
+            "FYI: the test agent just added prop_empty, prop_push, prop_pop (invocation 1)"
+        )),
+        "{turns:#?}"
+    );
+    // ghc's type error at the impl checkpoint went into the second invocation.
+    let prompt = stack
+        .node_artifact_text(&run, "impl_loop", 1, "prompts/2.md")
+        .await?;
+    assert!(prompt.contains("Checkpoint `build` failed"), "{prompt}");
+    assert!(prompt.contains("src/Data/Stack.hs"), "{prompt}");
+    // The written properties all failed on the skeleton; on the merged code prop_peek failed,
+    // and the continued impl session mended it; the frozen properties then all passed.
+    let frozen = &result["outputs"]["tests_red"]["output"]["executed"];
+    let props = frozen
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|id| id.as_str().is_some_and(|id| id.starts_with("Spec::prop_")))
+        .count();
+    assert_eq!(props, 8, "{frozen}");
+    assert_eq!(status["visits"]["validate"], 2, "{status}");
+    let fix_prompt = stack
+        .node_artifact_text(&run, "fix", 1, "prompt.md")
+        .await?;
+    assert!(fix_prompt.contains("`prop_peek`"), "{fix_prompt}");
+    assert!(fix_prompt.contains("Falsified"), "{fix_prompt}");
+    let green = &result["outputs"]["validate"]["output"];
+    assert_eq!(green["passed"], true, "{green}");
+    assert_eq!(green["failures"], serde_json::json!([]), "{green}");
     Ok(())
 }

@@ -8,6 +8,8 @@
 - script-stuck.json: the impl session commits nothing twice in a row: impl_stuck.
 - script-green-tests.json: the test session writes tests that pass on the skeleton (a cheat):
   tests_pass_on_skeleton.
+- script-haskell.json (with input-haskell.json): the happy story on seed 003's own example, the
+  Haskell Data.Stack with QuickCheck properties, in fleet-agent-hs:1.
 
 Run it from anywhere; it writes next to itself.
 """
@@ -211,7 +213,138 @@ def green_tests():
     return s
 
 
-for name, script in [("happy", happy()), ("stuck", stuck()), ("green-tests", green_tests())]:
+# The Haskell story (input-haskell.json, seed 003's own example): the same as happy(), on
+# Data.Stack with QuickCheck properties in fleet-agent-hs:1.
+
+TYPES_HS = {
+    "data_type_name": "Stack",
+    "data_type": "A stack of values, the most recently pushed on top.",
+    "type_params": ["a"],
+    "constructors": [{"name": "Empty", "fields": []}, {"name": "Push", "fields": ["a", "(Stack a)"]}],
+    "deriving": ["Show", "Eq"],
+    "signatures": [
+        {"name": "empty", "type": "Stack a", "doc": "the stack with no value"},
+        {"name": "push", "type": "a -> Stack a -> Stack a", "doc": "puts a value on top"},
+        {"name": "pop", "type": "Stack a -> Maybe (a, Stack a)", "doc": "the top and the rest, Nothing when empty"},
+        {"name": "peek", "type": "Stack a -> Maybe a", "doc": "the top, Nothing when empty"},
+        {"name": "size", "type": "Stack a -> Int", "doc": "the number of values"},
+        {"name": "isEmpty", "type": "Stack a -> Bool", "doc": "whether there is no value"},
+    ],
+    "test_priorities": [
+        {"name": "lifo_order", "description": "pushing xs then popping all gives reverse xs", "rationale": None},
+        {"name": "push_pop_inverse", "description": "pop after push gives the pushed value and the stack before"},
+    ],
+}
+
+HS_HEAD = """-- | The properties of Data.Stack.
+module Spec where
+
+import Data.Stack
+import Test.QuickCheck
+
+fromList :: [a] -> Stack a
+fromList = foldr push empty
+
+drain :: Stack a -> [a]
+drain s = case pop s of
+  Nothing -> []
+  Just (x, rest) -> x : drain rest
+"""
+
+HS_PROPS = [
+    ("empty", "prop_empty :: Bool\nprop_empty = isEmpty (empty :: Stack Int) && size (empty :: Stack Int) == 0\n"),
+    ("push", "prop_push :: Int -> [Int] -> Property\nprop_push x xs = size (push x (fromList xs)) === length xs + 1\n"),
+    ("pop", "prop_pop :: Int -> [Int] -> Property\nprop_pop x xs = pop (push x (fromList xs)) === Just (x, fromList xs)\n"),
+    ("peek", "prop_peek :: Int -> [Int] -> Property\nprop_peek x xs = peek (push x (fromList xs)) === Just x\n"),
+    ("size", "prop_size :: [Int] -> Property\nprop_size xs = size (fromList xs) === length xs\n"),
+    ("isEmpty", "prop_isEmpty :: [Int] -> Property\nprop_isEmpty xs = isEmpty (fromList xs) === null xs\n"),
+    ("lifo_order", "prop_lifo_order :: [Int] -> Property\nprop_lifo_order xs = drain (foldl (flip push) empty xs) === reverse xs\n"),
+    ("push_pop_inverse", "prop_push_pop_inverse :: Int -> [Int] -> Property\n"
+     "prop_push_pop_inverse x xs = fmap snd (pop (push x s)) === Just s\n  where\n    s = fromList xs\n"),
+]
+HS_NAMES = ["prop_" + n for n, _ in HS_PROPS]
+
+
+def hs_tests(written):
+    """The test module with the first `written` properties written, the rest still stubs."""
+    body = []
+    for i, (name, prop) in enumerate(HS_PROPS):
+        if i < written:
+            body.append(prop)
+        else:
+            body.append(f'prop_{name} :: Property\nprop_{name} = error "SPEC[{name}]: not written yet"\n')
+    return HS_HEAD + "\n" + "\n".join(body)
+
+
+HS_IMPL = """-- | Data.Stack (types-first).
+module Data.Stack
+  ( Stack(..)
+  , empty
+  , push
+  , pop
+  , peek
+  , size
+  , isEmpty
+  ) where
+
+-- | A stack of values, the most recently pushed on top.
+data Stack a
+  = Empty
+  | Push a (Stack a)
+  deriving (Show, Eq)
+
+empty :: Stack a
+empty = Empty
+
+push :: a -> Stack a -> Stack a
+push = Push
+
+pop :: Stack a -> Maybe (a, Stack a)
+pop Empty = Nothing
+pop (Push x s) = Just (x, s)
+
+peek :: Stack a -> Maybe a
+peek = fmap fst . pop
+
+size :: Stack a -> Int
+size Empty = 0
+size (Push _ s) = 1 + size s
+
+isEmpty :: Stack a -> Bool
+isEmpty s = size s == 0
+"""
+
+# A type error: the checkpoint's build fails, and ghc's message goes into the next prompt.
+HS_IMPL_BROKEN = HS_IMPL.replace("push = Push\n", "push x = Push x x\n")
+# peek reads the bottom of the stack: prop_peek fails on the merged code.
+HS_IMPL_BUGGY = HS_IMPL.replace(
+    "peek = fmap fst . pop\n",
+    "peek Empty = Nothing\npeek (Push x Empty) = Just x\npeek (Push _ s) = peek s\n",
+)
+HS_ALL = [s["name"] for s in TYPES_HS["signatures"]]
+
+
+def haskell():
+    return {
+        "types": [{"output": TYPES_HS}],
+        "tests_loop": [
+            {"files": {"test/Spec.hs": hs_tests(3)},
+             "output": progress("more_work", HS_NAMES[:3], HS_NAMES[3:])},
+            {"files": {"test/Spec.hs": hs_tests(len(HS_PROPS))},
+             "output": progress("done", HS_NAMES[3:], [])},
+        ],
+        "impl_loop": [
+            {"delay_seconds": 8, "files": {"src/Data/Stack.hs": HS_IMPL_BROKEN},
+             "output": progress("more_work", ["empty"], HS_ALL[1:])},
+            {"files": {"src/Data/Stack.hs": HS_IMPL_BUGGY},
+             "output": progress("done", HS_ALL, [], "peek walks the stack")},
+        ],
+        "fix": [{"files": {"src/Data/Stack.hs": HS_IMPL}, "output": {"changes": ["peek reads the top"]}}],
+    }
+
+
+for name, script in [("happy", happy()), ("stuck", stuck()), ("green-tests", green_tests()),
+                     ("haskell", haskell())]:
     with open(os.path.join(HERE, f"script-{name}.json"), "w") as f:
         json.dump(script, f, indent=1)
         f.write("\n")

@@ -387,6 +387,58 @@ pub(crate) mod tests {
         }
     }
 
+    /// The types agent of `graphs/types-first` answers what the harness's templates put into
+    /// source files: nothing it says may become code of its own.
+    #[test]
+    fn the_types_schema_keeps_the_agents_text_out_of_the_skeletons_code() {
+        let schema: Value =
+            serde_json::from_str(include_str!("../../graphs/types-first/schemas/types.json"))
+                .unwrap();
+        let good = json!({
+            "data_type_name": "Stack",
+            "data_type": "A stack of values, the most recently pushed on top.",
+            "type_params": ["a"],
+            "constructors": [{"name": "Empty", "fields": []}, {"name": "Push", "fields": ["a", "(Stack a)"]}],
+            "deriving": ["Show", "Eq"],
+            "signatures": [{"name": "push", "type": "a -> Stack a -> Stack a", "doc": "puts a value on top"}],
+            "test_priorities": [{"name": "lifo_order", "description": "xs pushed pop as reverse xs"}],
+        });
+        assert_eq!(validate(&schema, &good), Ok(()));
+        let cheats: &[(&str, Value)] = &[
+            ("/data_type", json!("a stack\nsize _ = 0")),
+            ("/data_type", json!("a stack\rsize _ = 0")),
+            (
+                "/signatures/0/doc",
+                json!("on top\" ++ show (unsafePerformIO x) ++ \""),
+            ),
+            ("/signatures/0/doc", json!("on top\\")),
+            ("/signatures/0/type", json!("a -> Stack a\npush = Push")),
+            ("/signatures/0/type", json!("a {- -} Stack a")),
+            ("/signatures/0/name", json!("push = Push; x")),
+            ("/test_priorities/0/description", json!("order\" ++ \"")),
+            ("/type_params/0", json!("a = Int")),
+            (
+                "/constructors/0/name",
+                json!("Empty deriving Show\ninstance"),
+            ),
+            ("/constructors/1/fields/0", json!("a = Push")),
+            (
+                "/constructors/1/fields/0",
+                json!("{-# LANGUAGE TemplateHaskell #-}"),
+            ),
+            ("/constructors/1/fields/0", json!("a -- \n")),
+            ("/deriving/0", json!("Generic")),
+        ];
+        for (pointer, bad) in cheats {
+            let mut v = good.clone();
+            *v.pointer_mut(pointer).unwrap() = bad.clone();
+            assert!(
+                validate(&schema, &v).is_err(),
+                "{pointer} = {bad} was taken"
+            );
+        }
+    }
+
     const SCHEMAS: &[&str] = &[
         include_str!("../../graphs/factory/schemas/factory_input.json"),
         include_str!("../../graphs/hybrid-tdd/schemas/input.json"),
