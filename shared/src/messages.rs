@@ -181,6 +181,9 @@ pub struct WorktreeSpec {
     pub packs: Vec<String>,
     pub mode: WorktreeMode,
     pub commit_out: bool,
+    /// The branches of the job's own git directory (name → commit), when its node asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<BTreeMap<String, String>>,
 }
 
 /// One step of a scripted agent: files it writes and the output it returns.

@@ -84,6 +84,7 @@ pub fn step_key(inputs: &StepInputs<'_>) -> String {
             "run_base_tree": inputs.run_base_tree,
             "mode": w.mode,
             "commit_out": w.commit_out,
+            "git": w.git,
         })),
     });
     if spec.kind == NodeKind::Agent {
@@ -225,6 +226,7 @@ mod tests {
                 packs: vec!["packs/a.pack".into()],
                 mode: WorktreeMode::Rw,
                 commit_out: false,
+                git: None,
             }),
             artifact_prefix: "runs/r1/po-1/".into(),
             agent: AgentConfig::default(),
@@ -269,7 +271,7 @@ mod tests {
         other.vars = json!({"input": {"x": 2}});
         assert_eq!(key_of(&other), base);
 
-        let changed: [fn(&mut JobSpec); 9] = [
+        let changed: [fn(&mut JobSpec); 10] = [
             |s| s.params = json!({"acceptance_commands": ["pytest -x"]}),
             |s| s.commands = vec!["make".into()],
             |s| s.context_files = vec!["a.py".into()],
@@ -278,6 +280,7 @@ mod tests {
             |s| s.kind = NodeKind::Command,
             |s| s.worktree.as_mut().unwrap().mode = WorktreeMode::Ro,
             |s| s.worktree.as_mut().unwrap().commit_out = true,
+            |s| s.worktree.as_mut().unwrap().git = Some([("base".into(), "b1".into())].into()),
             |s| s.worktree = None,
         ];
         for (i, change) in changed.iter().enumerate() {

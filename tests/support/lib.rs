@@ -5,3 +5,4 @@ pub mod browser;
 pub mod fake_llm;
 pub mod private_redis;
 pub mod stack;
+pub mod submit;

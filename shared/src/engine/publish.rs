@@ -127,12 +127,23 @@ impl Engine<'_> {
                     self.finish(RunStatus::Failed, result);
                     return Ok(());
                 };
+                let git = w.git.as_ref().map(|names| {
+                    names
+                        .iter()
+                        .filter_map(|name| {
+                            let one = crate::graph::Targets::One(name.clone());
+                            self.commit_of(&one, branch)
+                                .map(|commit| (name.to_string(), commit))
+                        })
+                        .collect()
+                });
                 Some(WorktreeSpec {
                     commit,
                     run_base: Some(self.state.repo.base_commit.clone()),
                     packs: self.state.repo.packs.clone(),
                     mode: w.mode,
                     commit_out: w.commit,
+                    git,
                 })
             }
         };

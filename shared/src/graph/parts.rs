@@ -35,7 +35,16 @@ pub struct WorktreeUse {
     /// Commit the worktree's changes after the job and hand the commit to later nodes.
     #[serde(default)]
     pub commit: bool,
+    /// A git directory in the worktree for agents that merge or rebase with git: it holds the
+    /// latest commits of these nodes (and `base`) as branches and nothing else of the run or
+    /// of the worker. Without it the worktree has no git directory at all. What the job hands
+    /// on is still the harness's commit of the files, never the agent's history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<Vec<NodeId>>,
 }
+
+/// At most this many branches in a job's git directory.
+pub const MAX_GIT_BRANCHES: usize = 16;
 
 fn base() -> Targets {
     Targets::One(NodeId::new("base"))

@@ -66,6 +66,18 @@ impl GitCache {
         .await
     }
 
+    /// Gives `wt` a git directory of its own with `branches` (`worktree.git`; the commits'
+    /// objects must be in the mirror).
+    pub async fn expose(
+        &self,
+        wt: &Worktree,
+        branches: std::collections::BTreeMap<String, String>,
+    ) -> Result<(), GitError> {
+        let (mirror, dir, start) = (self.mirror.clone(), wt.dir.clone(), wt.head());
+        crate::safe_fs::blocking(move || super::exposed::expose(&mirror, &dir, &start, &branches))
+            .await
+    }
+
     /// A fresh worktree of `commit` at `dest/wt`, git directory at `dest/git` (checked out on
     /// the blocking pool).
     pub async fn materialize(&self, commit: &str, dest: &Path) -> Result<Worktree, GitError> {

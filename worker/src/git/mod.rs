@@ -9,9 +9,12 @@
 //! `mirror.rs`: packs into the bare mirror and a worktree out of it; `worktree.rs`: a job's
 //! worktree (commits, picks, restores, the pack of its new commits); `changes.rs`: what changed,
 //! as git computes it (both sides of renames, modes), from a tree diff or a patch; `repo.rs`:
-//! packing a submitted repository and the clean-tree preflight.
+//! packing a submitted repository and the clean-tree preflight; `exposed.rs`: the git directory
+//! of its own that a node asking for one (`worktree.git`) finds in its worktree, limited to the
+//! branches it named.
 
 mod changes;
+mod exposed;
 mod mirror;
 mod repo;
 #[cfg(test)]

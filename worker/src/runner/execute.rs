@@ -61,7 +61,11 @@ impl Runner {
         let worktree = match &spec.worktree {
             Some(w) => {
                 self.git.ensure_packs(&self.blobs, &w.packs).await?;
-                Some(self.git.materialize(&w.commit, dir).await?)
+                let wt = self.git.materialize(&w.commit, dir).await?;
+                if let Some(branches) = &w.git {
+                    self.git.expose(&wt, branches.clone()).await?;
+                }
+                Some(wt)
             }
             None => None,
         };

@@ -66,6 +66,32 @@ pub(super) fn check_node(
                 _ => {}
             }
         }
+        for branch in w.git.iter().flatten() {
+            match g.nodes.get(branch) {
+                _ if branch.as_str() == "base" => {}
+                None => err(
+                    Some(id),
+                    "worktree.git",
+                    format!("`{branch}` is neither `base` nor a node"),
+                ),
+                Some(src) if !src.commits() => err(
+                    Some(id),
+                    "worktree.git",
+                    format!("node `{branch}` does not commit its worktree"),
+                ),
+                _ => {}
+            }
+        }
+        if w.git
+            .as_ref()
+            .is_some_and(|b| b.len() > crate::graph::MAX_GIT_BRANCHES)
+        {
+            err(
+                Some(id),
+                "worktree.git",
+                format!("at most {} branches", crate::graph::MAX_GIT_BRANCHES),
+            );
+        }
         if w.commit && w.mode == crate::graph::WorktreeMode::Ro {
             err(
                 Some(id),

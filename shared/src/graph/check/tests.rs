@@ -169,3 +169,33 @@ fn refuses_unknown_fields_with_a_location() {
     let errs = load(&OK.replace("max_visits", "max_visit")).unwrap_err();
     assert!(errs[0].starts_with("g.yaml: malformed graph"), "{errs:?}");
 }
+
+#[test]
+fn a_git_directory_holds_base_and_committing_nodes_only() {
+    let with_git = |branches: &str| {
+        OK.replace(
+            "    max_visits: 3\n",
+            &format!(
+                "    max_visits: 3\n    worktree: {{from: base, mode: rw, commit: true, git: {branches}}}\n    writes: []\n"
+            ),
+        )
+    };
+    assert_eq!(load(&with_git("[base, a]")), Ok(()));
+    let errs = load(&with_git("[base, nowhere]")).unwrap_err();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("worktree.git") && e.contains("`nowhere` is neither")),
+        "{errs:?}"
+    );
+    let errs = load(&with_git("[done]")).unwrap_err();
+    assert!(
+        errs.iter().any(|e| e.contains("does not commit")),
+        "{errs:?}"
+    );
+    let many: Vec<String> = (0..17).map(|_| "a".to_string()).collect();
+    let errs = load(&with_git(&format!("[{}]", many.join(", ")))).unwrap_err();
+    assert!(
+        errs.iter().any(|e| e.contains("at most 16 branches")),
+        "{errs:?}"
+    );
+}

@@ -1,0 +1,89 @@
+//! Submitting a graph written by the test: a git repository of given files, the graph and its
+//! input in the stack's folder, `fleet submit` with an empty script.
+
+use crate::stack::Stack;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A git repository at `dir/name` holding `files` (path, contents) in one commit.
+pub fn git_repo(dir: &Path, name: &str, files: &[(&str, &str)]) -> anyhow::Result<PathBuf> {
+    let dest = dir.join(name);
+    for (path, text) in files {
+        let file = dest.join(path);
+        std::fs::create_dir_all(file.parent().expect("a file has a folder"))?;
+        std::fs::write(file, text)?;
+    }
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &[
+            "-c",
+            "user.name=test",
+            "-c",
+            "user.email=test@localhost",
+            "commit",
+            "-q",
+            "-m",
+            "test repository",
+        ],
+    ] {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&dest)
+            .args(args)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(dest)
+}
+
+/// `git -C repo args`, its standard output trimmed.
+pub fn git(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Submits the graph `yaml` (saved as `name`) on `repo` with `input`; the run's id.
+pub fn submit_yaml(
+    stack: &Stack,
+    name: &str,
+    yaml: &str,
+    repo: &Path,
+    input: &Value,
+) -> anyhow::Result<String> {
+    let dir = stack.dir.path().join(format!("graph-{name}"));
+    std::fs::create_dir_all(&dir)?;
+    let graph = dir.join("graph.yaml");
+    std::fs::write(&graph, yaml)?;
+    let input_file = dir.join("input.json");
+    std::fs::write(&input_file, serde_json::to_vec(input)?)?;
+    let script = dir.join("script.json");
+    std::fs::write(&script, "{}")?;
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &graph.display().to_string(),
+        "--repo",
+        &repo.display().to_string(),
+        "--input",
+        &input_file.display().to_string(),
+        "--script",
+        &script.display().to_string(),
+    ])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    Ok(out.stdout.trim().to_string())
+}
