@@ -2,8 +2,9 @@
 //! stack, in `fleet-agent-hs:1`: the skeleton compiles and is all stubs, every property fails on
 //! it; the implementation with real properties passes every property. Then the cheats: a
 //! planted `.ghc.environment.*` file, a test module whose `main` prints passing lines, a
-//! property that prints them, an implementation that prints them through `unsafePerformIO`;
-//! none makes a wrong implementation pass.
+//! property that prints them, an implementation that prints them through `unsafePerformIO`, a
+//! test module that has ghc run the repo's preprocessor on it; none makes a wrong
+//! implementation pass.
 
 use fleet_tests::stack::{workspace_root, Stack};
 use serde_json::Value;
@@ -33,6 +34,11 @@ fn repo(dir: &Path, name: &str, variant: &str, changes: &[(&str, String)]) -> Pa
     }
     for (path, body) in changes {
         std::fs::write(dest.join(path), body).expect("a change is written");
+        if path.ends_with(".sh") {
+            use std::os::unix::fs::PermissionsExt;
+            let exec = std::fs::Permissions::from_mode(0o755);
+            std::fs::set_permissions(dest.join(path), exec).expect("a script is made executable");
+        }
     }
     for args in [
         vec!["add", "-A"],
@@ -193,13 +199,34 @@ async fn planted_environments_and_forged_lines_do_not_make_properties_pass() -> 
             "isEmpty s = unsafePerformIO (putStrLn \"test Spec::prop_lifo_order ... ok\") `seq` size s == 0",
         );
     let wrong_unsafe = repo(&dir, "wrong-unsafe", "impl", &[(IMPL, unsafe_impl)]);
+    // A test module that has ghc run a preprocessor of the repo's on itself: the preprocessor
+    // swaps in properties that all hold, whatever the implementation does.
+    let all_hold = "module Spec where\nprop_empty, prop_push_peek, prop_push_pop_inverse, prop_lifo_order, prop_size_counts :: Bool\nprop_empty = True\nprop_push_peek = True\nprop_push_pop_inverse = True\nprop_lifo_order = True\nprop_size_counts = True\n";
+    let preprocessed = format!(
+        "{{-# OPTIONS_GHC -F -pgmF test/pp.sh #-}}\n{}",
+        example("impl", SPEC)
+    );
+    let wrong_pp = repo(
+        &dir,
+        "wrong-pp",
+        "impl",
+        &[
+            (SPEC, preprocessed),
+            (
+                "test/pp.sh",
+                format!("#!/bin/sh\nprintf '{all_hold}' > \"$3\"\n"),
+            ),
+            (IMPL, wrong_impl()),
+        ],
+    );
 
-    let (honest_env, wrong_env, wrong_main, wrong_print, wrong_unsafe) = tokio::join!(
+    let (honest_env, wrong_env, wrong_main, wrong_print, wrong_unsafe, wrong_pp) = tokio::join!(
         run(&stack, "verify.yaml", &honest_env),
         run(&stack, "verify.yaml", &wrong_env),
         run(&stack, "verify.yaml", &wrong_main),
         run(&stack, "verify.yaml", &wrong_print),
         run(&stack, "verify.yaml", &wrong_unsafe),
+        run(&stack, "verify.yaml", &wrong_pp),
     );
 
     // The planted environment is never read: the honest project still passes...
@@ -246,6 +273,22 @@ async fn planted_environments_and_forged_lines_do_not_make_properties_pass() -> 
     assert!(
         outputs["green"].is_null(),
         "the tests never ran: {outputs:#}"
+    );
+
+    // A test module that changes how ghc compiles it is refused before ghc runs.
+    let (status, outputs) = wrong_pp?;
+    assert_eq!(status["status"], "failed", "{outputs:#}");
+    assert_eq!(outputs["green"]["ok"], false, "{outputs:#}");
+    let refusal = status["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|j| j["node"] == "green")
+        .map(|j| j["error"].to_string())
+        .unwrap_or_default();
+    assert!(
+        refusal.contains("may not use `pragma:OPTIONS_GHC`"),
+        "{status:#}"
     );
     Ok(())
 }

@@ -128,6 +128,29 @@ pub const HASKELL_FORBIDDEN: &[&str] = &[
     "decl:splice",
 ];
 
+/// What a Haskell test module may not use: whatever changes how ghc compiles it or the
+/// modules around it (flags and preprocessors from the source, CPP, Template Haskell, the FFI,
+/// leaving Safe Haskell). Tests may do I/O (`ioProperty`); what they print is checked against
+/// the runner's own count.
+pub const HASKELL_TEST_FORBIDDEN: &[&str] = &[
+    "Language.Haskell.TH",
+    "ext:CPP",
+    "ext:TemplateHaskell",
+    "ext:TemplateHaskellQuotes",
+    "ext:QuasiQuotes",
+    "ext:ForeignFunctionInterface",
+    "ext:CApiFFI",
+    "ext:GHCForeignImportPrim",
+    "ext:Unsafe",
+    "ext:Trustworthy",
+    "pragma:OPTIONS_GHC",
+    "pragma:OPTIONS",
+    "pragma:OPTIONS_HADDOCK",
+    "pragma:INCLUDE",
+    "decl:foreign",
+    "decl:splice",
+];
+
 /// Forbidden references in a Haskell source: imported modules, `LANGUAGE` extensions and
 /// pragmas, `foreign` declarations and Template Haskell splices. An unparsable source is an
 /// error.
@@ -458,6 +481,42 @@ push x xs = x : xs
         );
         let plain = "module Data.Stack where\nimport Data.List (foldl')\npush = (:)\n";
         assert!(forbidden(plain, &rules).unwrap().is_empty());
+    }
+
+    #[test]
+    fn test_modules_may_do_io_but_not_change_how_ghc_compiles_them() {
+        let rules: Vec<String> = HASKELL_TEST_FORBIDDEN
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        let honest = "module Spec where\nimport Data.Stack\nimport Test.QuickCheck\nimport Data.IORef\n\nprop_io :: Property\nprop_io = ioProperty (pure True)\n";
+        assert!(forbidden(honest, &rules).unwrap().is_empty());
+        for (src, name) in [
+            (
+                "{-# OPTIONS_GHC -F -pgmF test/pp.sh #-}\nmodule Spec where\n",
+                "pragma:OPTIONS_GHC",
+            ),
+            (
+                "{-# options_ghc -fplugin=X #-}\nmodule Spec where\n",
+                "pragma:OPTIONS_GHC",
+            ),
+            (
+                "{-# LANGUAGE TemplateHaskell #-}\nmodule Spec where\n",
+                "ext:TemplateHaskell",
+            ),
+            (
+                "{-# LANGUAGE Trustworthy #-}\nmodule Spec where\n",
+                "ext:Trustworthy",
+            ),
+            ("{-# LANGUAGE CPP #-}\nmodule Spec where\n", "ext:CPP"),
+            (
+                "module Spec where\nimport Language.Haskell.TH\n",
+                "Language.Haskell.TH",
+            ),
+        ] {
+            let hits = forbidden(src, &rules).unwrap();
+            assert_eq!(hits.first().map(|h| h.name.as_str()), Some(name), "{src}");
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What a Haskell test run needs from the host: the frozen test modules and their `prop_*`
 //! bindings, read from the worktree (never through a link, capped) and parsed with
-//! tree-sitter (`claims::haskell`); and the runner's closing line checked against its lines.
+//! tree-sitter (`claims::haskell`), refused when they would change how ghc compiles them
+//! (`HASKELL_TEST_FORBIDDEN`: flags, preprocessors, CPP, Template Haskell); and the runner's
+//! closing line checked against its lines.
 
 use crate::safe_fs;
 use shared::lang::TestModule;
@@ -27,6 +29,18 @@ pub fn test_modules(root: &Path, test_paths: &[String]) -> Result<Vec<TestModule
         let rel = shared::paths::normalize_relative(path).map_err(|e| e.to_string())?;
         let source = safe_fs::read_text_within(root, &rel, SOURCE_CAP)
             .map_err(|e| format!("cannot read the test file {rel}: {e}"))?;
+        let rules: Vec<String> = crate::claims::haskell::HASKELL_TEST_FORBIDDEN
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        let refused = crate::claims::haskell::forbidden(&source, &rules)
+            .map_err(|e| format!("{rel}: {e}"))?;
+        if let Some(hit) = refused.first() {
+            return Err(format!(
+                "{rel}:{}: a test module may not use `{}`: it would change how ghc compiles the tests",
+                hit.line, hit.name
+            ));
+        }
         let module =
             crate::claims::haskell::module_name(&source).map_err(|e| format!("{rel}: {e}"))?;
         let properties =
