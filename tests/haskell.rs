@@ -220,13 +220,35 @@ async fn planted_environments_and_forged_lines_do_not_make_properties_pass() -> 
         ],
     );
 
-    let (honest_env, wrong_env, wrong_main, wrong_print, wrong_unsafe, wrong_pp) = tokio::join!(
+    // The same pragma in a module the tests import: ghc would run the program as well.
+    let helper_pp = repo(
+        &dir,
+        "helper-pp",
+        "impl",
+        &[
+            (
+                SPEC,
+                example("impl", SPEC).replace(
+                    "import Test.QuickCheck\n",
+                    "import Test.QuickCheck\nimport Helpers ()\n",
+                ),
+            ),
+            (
+                "test/Helpers.hs",
+                "{-# options_ghc -F -pgmF test/pp.sh #-}\nmodule Helpers where\n".to_string(),
+            ),
+            ("test/pp.sh", "#!/bin/sh\ncp \"$2\" \"$3\"\n".to_string()),
+        ],
+    );
+
+    let (honest_env, wrong_env, wrong_main, wrong_print, wrong_unsafe, wrong_pp, helper_pp) = tokio::join!(
         run(&stack, "verify.yaml", &honest_env),
         run(&stack, "verify.yaml", &wrong_env),
         run(&stack, "verify.yaml", &wrong_main),
         run(&stack, "verify.yaml", &wrong_print),
         run(&stack, "verify.yaml", &wrong_unsafe),
         run(&stack, "verify.yaml", &wrong_pp),
+        run(&stack, "verify.yaml", &helper_pp),
     );
 
     // The planted environment is never read: the honest project still passes...
@@ -287,7 +309,23 @@ async fn planted_environments_and_forged_lines_do_not_make_properties_pass() -> 
         .map(|j| j["error"].to_string())
         .unwrap_or_default();
     assert!(
-        refusal.contains("may not use `pragma:OPTIONS_GHC`"),
+        refusal
+            .contains("test/Spec.hs:1: a module of the test run may not use `pragma:OPTIONS_GHC`"),
+        "{status:#}"
+    );
+    let (status, outputs) = helper_pp?;
+    assert_eq!(status["status"], "failed", "{outputs:#}");
+    let refusal = status["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|j| j["node"] == "green")
+        .map(|j| j["error"].to_string())
+        .unwrap_or_default();
+    assert!(
+        refusal.contains(
+            "test/Helpers.hs:1: a module of the test run may not use `pragma:OPTIONS_GHC`"
+        ),
         "{status:#}"
     );
     Ok(())

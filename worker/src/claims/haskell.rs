@@ -151,6 +151,36 @@ pub const HASKELL_TEST_FORBIDDEN: &[&str] = &[
     "decl:splice",
 ];
 
+/// The `{-# ... #-}` pragmas of a source read as text (no parse: a file ghc may compile is
+/// checked whatever it holds), as `forbidden` names them (`pragma:OPTIONS_GHC`, `ext:CPP`)
+/// with their lines.
+pub fn pragmas(source: &str) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    let mut rest = source;
+    let mut offset = 0;
+    while let Some(open) = rest.find("{-#") {
+        let body_start = open + 3;
+        let Some(len) = rest[body_start..].find("#-}") else {
+            break;
+        };
+        let body = rest[body_start..body_start + len].trim();
+        let line = source[..offset + open].matches('\n').count() + 1;
+        let (word, args) = body.split_once(char::is_whitespace).unwrap_or((body, ""));
+        let word = word.to_ascii_uppercase();
+        if word == "LANGUAGE" {
+            for ext in args.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                found.push((format!("ext:{ext}"), line));
+            }
+        } else {
+            found.push((format!("pragma:{word}"), line));
+        }
+        let next = body_start + len + 3;
+        offset += next;
+        rest = &rest[next..];
+    }
+    found
+}
+
 /// Forbidden references in a Haskell source: imported modules, `LANGUAGE` extensions and
 /// pragmas, `foreign` declarations and Template Haskell splices. An unparsable source is an
 /// error.
@@ -517,6 +547,21 @@ push x xs = x : xs
             let hits = forbidden(src, &rules).unwrap();
             assert_eq!(hits.first().map(|h| h.name.as_str()), Some(name), "{src}");
         }
+    }
+
+    #[test]
+    fn pragmas_are_read_as_text_whatever_the_source_holds() {
+        let src = "{-#options_ghc -F -pgmF x#-}\n{-# LANGUAGE CPP,\n  TemplateHaskell #-}\nmodule = = (\n{-# INLINE f #-}\n{-# unclosed";
+        assert_eq!(
+            pragmas(src),
+            [
+                ("pragma:OPTIONS_GHC".to_string(), 1),
+                ("ext:CPP".to_string(), 2),
+                ("ext:TemplateHaskell".to_string(), 2),
+                ("pragma:INLINE".to_string(), 5),
+            ]
+        );
+        assert!(pragmas("module M where\nx = 1\n").is_empty());
     }
 
     #[test]

@@ -19,7 +19,7 @@ mod tests;
 mod walk;
 
 pub use file::{read_capped, read_text_within, remove_beneath, write_beneath, Capped};
-pub use walk::{regular_files, Files};
+pub use walk::{regular_files, regular_files_where, Files};
 
 use std::io;
 

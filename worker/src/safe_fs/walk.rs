@@ -33,6 +33,17 @@ pub fn regular_files(
     max_files: usize,
     max_bytes: u64,
 ) -> Result<(Files, bool), SafeFsError> {
+    regular_files_where(root, |_| true, max_files, max_bytes)
+}
+
+/// [`regular_files`], keeping only the files whose relative path `keep` accepts (the others are
+/// neither read nor counted).
+pub fn regular_files_where(
+    root: &Path,
+    keep: impl Fn(&str) -> bool,
+    max_files: usize,
+    max_bytes: u64,
+) -> Result<(Files, bool), SafeFsError> {
     struct Frame {
         dir: Dir,
         prefix: String,
@@ -80,6 +91,9 @@ pub fn regular_files(
                 entries,
             });
         } else if file_type.is_file() {
+            if !keep(&rel) {
+                continue;
+            }
             if out.len() >= max_files {
                 cut = true;
                 break 'walk;

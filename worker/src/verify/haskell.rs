@@ -12,6 +12,47 @@ use std::path::Path;
 /// A test file above this size is refused.
 const SOURCE_CAP: usize = 1 << 20;
 
+/// Haskell sources ghc may compile as modules of a test run.
+const SOURCE_EXTENSIONS: &[&str] = &[".hs", ".lhs", ".hs-boot", ".lhs-boot", ".hsig"];
+
+/// At most this many Haskell sources (and bytes of them) in a worktree whose tests run.
+const MAX_SOURCES: usize = 10_000;
+const MAX_SOURCE_BYTES: u64 = 64 << 20;
+
+/// Every Haskell source of the worktree (any of them may be a module on a source root) is
+/// refused when its pragmas would change how ghc compiles it (`HASKELL_TEST_FORBIDDEN`'s
+/// pragmas and extensions: `OPTIONS_GHC -F -pgmF` runs a program of the repo's while the
+/// harness's runner is built). Read as text, so a source the parser cannot read is checked
+/// too; too many sources to check is a refusal.
+pub fn refuse_compile_changes(root: &Path) -> Result<(), String> {
+    let (files, cut) = safe_fs::regular_files_where(
+        root,
+        |rel| SOURCE_EXTENSIONS.iter().any(|e| rel.ends_with(e)),
+        MAX_SOURCES,
+        MAX_SOURCE_BYTES,
+    )
+    .map_err(|e| format!("cannot read the haskell sources: {e}"))?;
+    if cut {
+        return Err(format!(
+            "more haskell sources than the harness checks ({MAX_SOURCES} files, {} MiB)",
+            MAX_SOURCE_BYTES >> 20
+        ));
+    }
+    let rules = crate::claims::haskell::HASKELL_TEST_FORBIDDEN;
+    for (rel, bytes) in &files {
+        let text = String::from_utf8_lossy(bytes);
+        let hit = crate::claims::haskell::pragmas(&text)
+            .into_iter()
+            .find(|(name, _)| rules.contains(&name.as_str()));
+        if let Some((name, line)) = hit {
+            return Err(format!(
+                "{rel}:{line}: a module of the test run may not use `{name}`: it would change how ghc compiles the tests"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The test modules of the run's test files (plain paths, `.hs`): each file's module name
 /// (`Main` without a header) and its top-level properties. A file without properties is kept
 /// (it may hold helpers), but a run with no property at all is an error.
@@ -19,6 +60,7 @@ pub fn test_modules(root: &Path, test_paths: &[String]) -> Result<Vec<TestModule
     if test_paths.is_empty() {
         return Err("a haskell test run needs its test files in `test_paths`".into());
     }
+    refuse_compile_changes(root)?;
     let mut out = Vec::new();
     for path in test_paths {
         if path.contains(['*', '?', '[']) || !path.ends_with(".hs") {
