@@ -8,6 +8,7 @@ pub mod builtins;
 pub mod engine;
 pub mod expr;
 pub mod factory;
+pub mod features;
 pub mod graph;
 pub mod hashing;
 pub mod http;
