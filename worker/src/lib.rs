@@ -11,6 +11,7 @@ pub mod claims;
 pub mod consumer;
 pub mod faults;
 pub mod git;
+pub mod hardened;
 pub mod harness;
 pub mod memory_queue;
 pub mod metrics;

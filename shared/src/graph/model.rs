@@ -261,6 +261,21 @@ pub enum HarnessOp {
     /// into the worktree from the bundle's templates, rendered over `with` (the semantic types
     /// an agent gave; never code it wrote).
     RenderFiles,
+    /// Seed 004's review: `feature_list.json` read from disk, its statistics and warnings; an
+    /// initializer's claims (`passes: true`) are set back to false.
+    ReviewFeatures,
+    /// Seed 004's claims, read from disk: the list a coder session left judged against
+    /// `with.accepted` (the run state's list); every edit but a clean claim is refused and the
+    /// accepted list, with the claims, is written back.
+    ExtractClaims,
+    /// Seed 004's quality gates: `with.gates` (`{name, command, blocking}`) run in the
+    /// container, each judged; a failed blocking gate fails the step.
+    RunGates,
+    /// Seed 004's settling: the verifiers' votes on `with.claims` become verdicts on disk and
+    /// per-feature state.
+    SettleClaims,
+    /// Its parameters as its output (to carry a branch's findings to its join).
+    Collect,
 }
 
 impl HarnessOp {
@@ -276,6 +291,11 @@ impl HarnessOp {
         HarnessOp::TallyMutants,
         HarnessOp::CheckMechanical,
         HarnessOp::RenderFiles,
+        HarnessOp::ReviewFeatures,
+        HarnessOp::ExtractClaims,
+        HarnessOp::RunGates,
+        HarnessOp::SettleClaims,
+        HarnessOp::Collect,
     ];
 
     pub fn name(self) -> &'static str {
@@ -291,6 +311,11 @@ impl HarnessOp {
             HarnessOp::TallyMutants => "tally_mutants",
             HarnessOp::CheckMechanical => "check_mechanical",
             HarnessOp::RenderFiles => "render_files",
+            HarnessOp::ReviewFeatures => "review_features",
+            HarnessOp::ExtractClaims => "extract_claims",
+            HarnessOp::RunGates => "run_gates",
+            HarnessOp::SettleClaims => "settle_claims",
+            HarnessOp::Collect => "collect",
         }
     }
 
@@ -307,6 +332,7 @@ impl HarnessOp {
                 | HarnessOp::CheckSkeleton
                 | HarnessOp::CheckBuild
                 | HarnessOp::RunMutants
+                | HarnessOp::RunGates
         )
     }
 
@@ -318,6 +344,10 @@ impl HarnessOp {
                 | HarnessOp::ApplyPatch
                 | HarnessOp::CheckMechanical
                 | HarnessOp::RenderFiles
+                | HarnessOp::ReviewFeatures
+                | HarnessOp::ExtractClaims
+                | HarnessOp::SettleClaims
+                | HarnessOp::Collect
         )
     }
 }

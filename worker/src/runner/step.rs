@@ -10,7 +10,7 @@ use crate::git::Worktree;
 use crate::harness::{self, Artifacts, StepOutcome};
 use crate::sandbox::Session;
 use crate::tools::ToolBox;
-use crate::{mutation, verify};
+use crate::{hardened, mutation, verify};
 use serde_json::{json, Value};
 use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
 use shared::graph::{GraphBundle, HarnessOp, NodeBody};
@@ -244,6 +244,35 @@ impl Runner {
                         output: json!({}),
                         error: None,
                     },
+                    HarnessOp::Collect => StepOutcome {
+                        status: JobStatus::Ok,
+                        output: spec.params.clone(),
+                        error: None,
+                    },
+                    HarnessOp::ReviewFeatures
+                    | HarnessOp::ExtractClaims
+                    | HarnessOp::SettleClaims => {
+                        let (params, op) = (spec.params.clone(), *op);
+                        let step = wt
+                            .ok_or_else(no_worktree)?
+                            .blocking(move |wt| match op {
+                                HarnessOp::ReviewFeatures => {
+                                    hardened::review_features(&params, &wt.dir)
+                                }
+                                HarnessOp::ExtractClaims => {
+                                    hardened::extract_claims(&params, &wt.dir)
+                                }
+                                _ => hardened::settle_claims(&params, &wt.dir),
+                            })
+                            .await;
+                        art.put_json(&format!("{}.json", op.name()), &step.output)
+                            .await?;
+                        step
+                    }
+                    HarnessOp::RunGates => {
+                        let session = session.expect("gates run in a container");
+                        hardened::run_gates(&spec.params, session, art).await?
+                    }
                 };
                 Ok((step, Usage::default()))
             }

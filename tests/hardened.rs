@@ -1,0 +1,170 @@
+//! Seed 004's hardened coder (`graphs/hardened-coder`) on the real stack with its scripted
+//! example (`examples/hardened-coder`): the review shows the list's statistics and warnings and
+//! coding waits for a person; claims are read from feature_list.json on disk, and a coder that
+//! rewrites a feature's steps or deletes a feature is refused and reverted; every claim goes to
+//! a verifier in its own container on a clean checkout; a refuted claim is set back on disk with
+//! the reason in the next session's prompt, then fixed and verified; a claim whose verifications
+//! disagree goes to quarantine.
+
+use fleet_tests::stack::{workspace_root, Stack};
+use serde_json::{json, Value};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn example(f: &str) -> String {
+    workspace_root()
+        .join("examples/hardened-coder")
+        .join(f)
+        .display()
+        .to_string()
+}
+
+async fn submit(stack: &Stack) -> anyhow::Result<String> {
+    let repo = stack.dir.path().join("todo-repo");
+    let made = Command::new(example("make-repo.sh")).arg(&repo).output()?;
+    anyhow::ensure!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let graph = workspace_root().join("graphs/hardened-coder/graph.yaml");
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        &graph.display().to_string(),
+        "--repo",
+        &repo.display().to_string(),
+        "--input",
+        &example("input.json"),
+        "--script",
+        &example("script-story.json"),
+    ])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    Ok(out.stdout.trim().to_string())
+}
+
+/// Waits until the run waits for a person at `node`.
+async fn awaiting(stack: &Stack, run: &str, node: &str) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = stack.get(&format!("/v1/runs/{run}")).await?;
+        if s["awaiting_approval"] == json!([node]) {
+            return Ok(s);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "never waited at {node}: {s}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_u64)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confirms_them(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("hardened", 2, &[]).await?;
+    let run = submit(&stack).await?;
+
+    // The review: the seed's statistics and warnings; nothing is coded before a person says so.
+    let status = awaiting(&stack, &run, "approve_features").await?;
+    assert!(
+        !status["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|j| j["node"] == "coder"),
+        "{status}"
+    );
+    let review = stack
+        .node_artifact_json(&run, "review", 1, "review_features.json")
+        .await?;
+    let stats = &review["stats"];
+    assert_eq!(stats["total"], 4, "{stats}");
+    assert_eq!(stats["already_passing"], json!([4]), "{stats}");
+    let warnings = stats["warnings"].to_string();
+    assert!(
+        warnings.contains("below the minimum feature count (40): 4"),
+        "{warnings}"
+    );
+    assert!(
+        stats["feature_warnings"].to_string().contains("too vague"),
+        "{stats}"
+    );
+    // The initializer's claim of feature 4 is set back before anyone codes.
+    assert!(review["features"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|f| f["passes"] == false));
+    let approve = stack.cli(&["approve", &run, "approve_features", "--by", "ana"])?;
+    assert_eq!(approve.code, 0, "{}", approve.stderr);
+
+    let status = stack.wait_run(&run, Duration::from_secs(300)).await?;
+    let result = stack.get(&format!("/v1/runs/{run}/result")).await?["result"].clone();
+    let outputs = &result["outputs"];
+
+    // Session 1's claims were read from disk: 1 and 2 (it said 1 to 4); its rewrite of
+    // feature 3's steps and its deletion of feature 4 were refused.
+    let first = stack
+        .node_artifact_json(&run, "claims", 1, "extract_claims.json")
+        .await?;
+    assert_eq!(ids(&first["claims"]), [1, 2], "{first}");
+    let refused = first["refused"].to_string();
+    assert!(refused.contains("steps rewritten"), "{refused}");
+    assert!(refused.contains("deleted"), "{refused}");
+    // The verifier of feature 1 started the app from its own checkout (init.sh) and read the
+    // page it serves, inside its container.
+    let mut fetched = false;
+    for visit in 1..=2 {
+        let t = stack
+            .node_artifact_json(&run, "verify", visit, "transcript.json")
+            .await?
+            .to_string();
+        fetched |= t.contains("<title>To-do</title>") && t.contains("sh init.sh");
+    }
+    assert!(fetched, "no verifier read the running page");
+
+    // Session 2 was told why 2 is open again and what was refused, and found the list on disk
+    // as the harness left it: 1 passing, 2 set back, 3's steps and 4 restored.
+    let prompt = stack
+        .node_artifact_text(&run, "coder", 2, "prompt.md")
+        .await?;
+    assert!(
+        prompt.contains(
+            "feature 2: refuted by the verifier: again: 'milk' went into the error paragraph"
+        ),
+        "{prompt}"
+    );
+    assert!(prompt.contains("feature 3: steps rewritten"), "{prompt}");
+    assert!(prompt.contains("feature 4: deleted"), "{prompt}");
+    let coder2 = stack
+        .node_artifact_json(&run, "coder", 2, "transcript.json")
+        .await?;
+    let seen = coder2.to_string();
+    assert!(
+        seen.contains("Step 3: Verify the element with id 'error' shows 'Item is empty'"),
+        "{seen}"
+    );
+    assert!(seen.contains("The list shows its count"), "{seen}");
+
+    // Round 2: 2 and 3 verified; 4's verifications disagreed: quarantined, passes: false.
+    let settle = &outputs["settle"]["output"];
+    assert_eq!(settle["verdicts"]["2"], "verified", "{settle}");
+    assert_eq!(settle["verdicts"]["3"], "verified", "{settle}");
+    assert_eq!(settle["verdicts"]["4"], "quarantined", "{settle}");
+    assert_eq!(ids(&settle["pending"]), [4], "{settle}");
+    assert_eq!(settle["states"]["2"]["reverts"], 1, "{settle}");
+    assert_eq!(settle["states"]["2"]["attempts"], 2, "{settle}");
+    let metrics = &settle["metrics"];
+    assert_eq!(metrics["claims"], 5, "{metrics}");
+    assert_eq!(metrics["reverts"], 1, "{metrics}");
+    assert_eq!(metrics["quarantined"], 1, "{metrics}");
+    assert_eq!(result["exit"], "quarantined", "{result}");
+    assert_eq!(status["status"], "failed", "{status}");
+    Ok(())
+}
