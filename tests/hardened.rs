@@ -4,7 +4,7 @@
 //! rewrites a feature's steps or deletes a feature is refused and reverted; every claim goes to
 //! a verifier in its own container on a clean checkout; a refuted claim is set back on disk with
 //! the reason in the next session's prompt, then fixed and verified; a claim whose verifications
-//! disagree goes to quarantine.
+//! disagree goes to quarantine, where a person approves it through `fleet quarantine`.
 
 use fleet_tests::stack::{workspace_root, Stack};
 use serde_json::{json, Value};
@@ -104,6 +104,41 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     let approve = stack.cli(&["approve", &run, "approve_features", "--by", "ana"])?;
     assert_eq!(approve.code, 0, "{}", approve.stderr);
 
+    // Nothing is left but feature 4, whose verifications disagreed: it waits for a person.
+    awaiting(&stack, &run, "quarantine_review").await?;
+    let listed = stack.cli(&["quarantine", "list", &run])?;
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    assert!(listed.stdout.starts_with("4  "), "{}", listed.stdout);
+    assert!(
+        listed.stdout.contains("\"status\":\"quarantined\""),
+        "{}",
+        listed.stdout
+    );
+    assert!(
+        listed.stdout.contains("the count reads 2 items"),
+        "{}",
+        listed.stdout
+    );
+    let wrong = stack.cli(&["quarantine", "approve", &run, "2"])?;
+    assert_ne!(wrong.code, 0, "feature 2 is not in quarantine");
+    assert!(
+        wrong.stderr.contains("the item is not in quarantine"),
+        "{}",
+        wrong.stderr
+    );
+    let approve = stack.cli(&[
+        "quarantine",
+        "approve",
+        &run,
+        "4",
+        "--by",
+        "ana",
+        "--comment",
+        "counted by hand",
+    ])?;
+    assert_eq!(approve.code, 0, "{}", approve.stderr);
+    assert_eq!(approve.stdout.trim(), "4: approved");
+
     let status = stack.wait_run(&run, Duration::from_secs(300)).await?;
     let result = stack.get(&format!("/v1/runs/{run}/result")).await?["result"].clone();
     let outputs = &result["outputs"];
@@ -153,18 +188,36 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     assert!(seen.contains("The list shows its count"), "{seen}");
 
     // Round 2: 2 and 3 verified; 4's verifications disagreed: quarantined, passes: false.
+    let round2 = stack
+        .node_artifact_json(&run, "settle", 2, "settle_claims.json")
+        .await?;
+    assert_eq!(round2["verdicts"]["2"], "verified", "{round2}");
+    assert_eq!(round2["verdicts"]["3"], "verified", "{round2}");
+    assert_eq!(round2["verdicts"]["4"], "quarantined", "{round2}");
+    assert_eq!(ids(&round2["pending"]), [4], "{round2}");
+    let four = round2["features"]
+        .as_array()
+        .and_then(|l| l.iter().find(|f| f["id"] == 4));
+    assert_eq!(four.map(|f| f["passes"].clone()), Some(json!(false)));
+    // The person's approval released the hold: settled at once, and the run is done.
     let settle = &outputs["settle"]["output"];
-    assert_eq!(settle["verdicts"]["2"], "verified", "{settle}");
-    assert_eq!(settle["verdicts"]["3"], "verified", "{settle}");
-    assert_eq!(settle["verdicts"]["4"], "quarantined", "{settle}");
-    assert_eq!(ids(&settle["pending"]), [4], "{settle}");
+    assert_eq!(status["visits"]["settle"], 3, "{status}");
+    assert_eq!(settle["states"]["4"]["status"], "approved", "{settle}");
     assert_eq!(settle["states"]["2"]["reverts"], 1, "{settle}");
     assert_eq!(settle["states"]["2"]["attempts"], 2, "{settle}");
+    assert!(settle["features"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|f| f["passes"] == true));
     let metrics = &settle["metrics"];
     assert_eq!(metrics["claims"], 5, "{metrics}");
+    assert_eq!(metrics["verified"], 3, "{metrics}");
     assert_eq!(metrics["reverts"], 1, "{metrics}");
     assert_eq!(metrics["quarantined"], 1, "{metrics}");
-    assert_eq!(result["exit"], "quarantined", "{result}");
-    assert_eq!(status["status"], "failed", "{status}");
+    assert_eq!(metrics["human_decisions"], 1, "{metrics}");
+    assert_eq!(result["exit"], "done", "{result}");
+    assert_eq!(status["status"], "succeeded", "{status}");
+    assert_eq!(status["quarantine"]["4"][0]["by"], "ana", "{status}");
     Ok(())
 }

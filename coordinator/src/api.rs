@@ -6,7 +6,7 @@ use crate::batches::api as batches;
 use crate::driver::{Coordinator, DriverError};
 use crate::openapi::{NoSuchRun, RunPath};
 use crate::submit::{self, SubmitError, SubmitRequest};
-use crate::tree_api;
+use crate::{decisions_api, tree_api};
 use axum::extract::{Path, State};
 use axum::handler::Handler;
 use axum::http::{header, StatusCode};
@@ -83,13 +83,14 @@ pub fn routes() -> Vec<Route> {
         at(Get, "/v1/runs/:id/summary", run_summary),
         at(Get, "/v1/runs/:id/result", run_result),
         at(Post, "/v1/runs/:id/cancel", cancel_run),
-        at(Post, "/v1/runs/:id/approvals/:node", decide),
         at(Get, "/v1/runs/:id/logs", run_logs),
         at(Get, "/v1/runs/:id/artifacts", list_artifacts),
         at(Get, "/v1/runs/:id/artifacts/*key", get_run_artifact),
         at(Get, "/v1/artifacts/*key", get_artifact),
     ];
-    all.extend(batches::routes().into_iter().chain(tree_api::routes()));
+    all.extend(batches::routes());
+    all.extend(tree_api::routes());
+    all.extend(decisions_api::routes());
     crate::schedules::api::and_schedule_routes(all)
 }
 
@@ -100,7 +101,11 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
         .with_state(coord)
 }
 
-pub struct ApiError(StatusCode, String, Vec<String>);
+pub struct ApiError(
+    pub(crate) StatusCode,
+    pub(crate) String,
+    pub(crate) Vec<String>,
+);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -302,66 +307,6 @@ async fn cancel_run(
         run_id: run,
         status: s.status,
         applied: Some(applied),
-    }))
-}
-
-/// `POST /v1/runs/:id/approvals/:node`: the decision on a node awaiting approval.
-#[derive(serde::Deserialize, utoipa::ToSchema)]
-struct DecideBody {
-    approved: bool,
-    #[serde(default)]
-    by: String,
-    #[serde(default)]
-    comment: String,
-}
-
-#[utoipa::path(
-    post, path = "/v1/runs/{id}/approvals/{node}",
-    request_body = DecideBody,
-    params(RunPath, ("node" = String, Path, description = "the node awaiting approval")),
-    responses(
-        (status = 200, body = http::Decided),
-        (status = 400, body = http::ErrorBody, description = "a malformed decision"),
-        NoSuchRun,
-        (status = 409, body = http::ErrorBody, description = "the node is not awaiting approval"),
-    )
-)]
-async fn decide(
-    State(c): State<Arc<Coordinator>>,
-    Path((id, node)): Path<(String, String)>,
-    body: axum::body::Bytes,
-) -> ApiResult<Json<http::Decided>> {
-    let run = RunId::new(id);
-    let d: DecideBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("malformed decision: {e}"),
-            vec![],
-        )
-    })?;
-    let state = c.load(&run).await?;
-    if !state
-        .approvals
-        .contains_key(&shared::ids::NodeId::new(node.clone()))
-    {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            format!("node `{node}` of run `{run}` is not awaiting approval"),
-            vec![],
-        ));
-    }
-    let applied = c.decide(&run, &node, d.approved, &d.by, &d.comment).await?;
-    let s = c.load(&run).await?;
-    let applied = match applied {
-        shared::engine::Applied::Changed => "decided",
-        _ => "already decided",
-    };
-    Ok(Json(http::Decided {
-        v: http::API_VERSION,
-        run_id: run,
-        node: shared::ids::NodeId::new(node),
-        applied: applied.to_string(),
-        status: s.status,
     }))
 }
 

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod batches;
 pub mod cli;
+pub mod decisions_api;
 pub mod driver;
 pub mod embedded;
 pub mod metrics;

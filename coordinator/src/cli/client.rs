@@ -33,7 +33,9 @@ versioned!(
     CancelAnswer,
     Decided,
     ArtifactListing,
-    shared::http::RunTree
+    shared::http::RunTree,
+    shared::http::QuarantineView,
+    shared::http::QuarantineDecided
 );
 
 impl<T> Versioned for Vec<T> {
@@ -175,6 +177,25 @@ impl Client {
     ) -> anyhow::Result<Decided> {
         self.post(
             &format!("/v1/runs/{run}/approvals/{node}"),
+            &json!({"approved": approved, "by": by, "comment": comment}),
+        )
+        .await
+    }
+
+    pub async fn quarantine(&self, run: &str) -> anyhow::Result<shared::http::QuarantineView> {
+        self.get(&format!("/v1/runs/{run}/quarantine")).await
+    }
+
+    pub async fn decide_quarantine(
+        &self,
+        run: &str,
+        item: &str,
+        approved: bool,
+        by: &str,
+        comment: &str,
+    ) -> anyhow::Result<shared::http::QuarantineDecided> {
+        self.post(
+            &format!("/v1/runs/{run}/quarantine/{item}"),
             &json!({"approved": approved, "by": by, "comment": comment}),
         )
         .await

@@ -11,6 +11,7 @@ mod args;
 mod batch;
 mod client;
 mod graph_tools;
+mod quarantine;
 mod schedule;
 mod serve;
 mod startup;
@@ -62,6 +63,12 @@ pub enum Cmd {
     Cancel(RunRef),
     /// Approve (or reject) a run's approval node.
     Approve(ApproveArgs),
+    /// Items a run holds for a person (claims the verifier could not decide): list, approve,
+    /// reject.
+    Quarantine {
+        #[command(subcommand)]
+        cmd: quarantine::QuarantineCmd,
+    },
     /// List runs.
     List(ServerArg),
     /// Run a graph to the end in this process (embedded mode: no RabbitMQ, Redis or S3).
@@ -237,6 +244,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Batch { cmd } => batch::run(cmd, &mut out).await,
+        Cmd::Quarantine { cmd } => quarantine::run(cmd, &mut out).await,
         Cmd::Schedule { cmd } => schedule::run(cmd, &mut out).await,
         Cmd::Graph { cmd } => match cmd {
             GraphCmd::Check { file } => {

@@ -64,6 +64,7 @@ impl RunState {
             );
         }
         ctx.insert("visits".into(), json!(self.visits));
+        ctx.insert("quarantine".into(), json!(self.quarantine));
         ctx.insert(
             "approvals".into(),
             json!(self

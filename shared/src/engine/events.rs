@@ -59,6 +59,14 @@ pub enum Event {
         comment: String,
         at: DateTime<Utc>,
     },
+    /// A person decided an item the graph put on hold (`quarantine:`).
+    Quarantine {
+        item: String,
+        approved: bool,
+        by: String,
+        comment: String,
+        at: DateTime<Utc>,
+    },
     Cancel {
         at: DateTime<Utc>,
     },

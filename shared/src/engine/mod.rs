@@ -17,13 +17,15 @@
 //! - `fanout.rs`: joins (arrivals, firing) and fan-out into branches;
 //! - `children.rs`: child runs (spawn nodes, the tree's links and bounds, their ends);
 //! - `siblings.rs`: events between sibling runs (broadcast, relayed by the parent, handled);
-//! - `publish.rs`: building and publishing job specs, and re-issuing jobs as their next attempt.
+//! - `publish.rs`: building and publishing job specs, and re-issuing jobs as their next attempt;
+//! - `quarantine.rs`: items a graph puts on hold for people, their decisions, the hold's release.
 
 mod children;
 mod context;
 mod events;
 mod fanout;
 mod publish;
+pub mod quarantine;
 mod sessions;
 mod siblings;
 mod state;
@@ -89,6 +91,7 @@ pub fn apply_in_place(
         | Event::Reissue { at, .. }
         | Event::Restored { at }
         | Event::Decide { at, .. }
+        | Event::Quarantine { at, .. }
         | Event::Cancel { at }
         | Event::ChildFinished { at, .. }
         | Event::SiblingEvent { at, .. }
@@ -103,6 +106,7 @@ pub fn apply_in_place(
         Reissue(JobRecord),
         Restored(Vec<(JobId, JobRecord)>, Vec<ChildRun>),
         Decide(ApprovalState),
+        Quarantine,
         Cancel,
         Child,
         Relay,
@@ -227,6 +231,12 @@ pub fn apply_in_place(
             }
             Step::Decide(approval)
         }
+        Event::Quarantine { item, .. } => {
+            if let Some(why) = quarantine::refusal(bundle, state, item) {
+                return unchanged(Applied::Ignored(why));
+            }
+            Step::Quarantine
+        }
         Event::Cancel { .. } => {
             if state.status.is_terminal() {
                 return unchanged(Applied::Duplicate);
@@ -348,6 +358,24 @@ pub fn apply_in_place(
             if !children.is_empty() {
                 e.fx.push(Effect::StartChildren(children));
             }
+        }
+        (
+            Step::Quarantine,
+            Event::Quarantine {
+                item,
+                approved,
+                by,
+                comment,
+                ..
+            },
+        ) => {
+            let decision = Decision {
+                approved: *approved,
+                by: by.clone(),
+                comment: comment.clone(),
+                at,
+            };
+            e.quarantine_decision(item, decision)?;
         }
         (Step::Cancel, _) => {
             e.finish(RunStatus::Cancelled, json!({"reason": "cancelled"}));

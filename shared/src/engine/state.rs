@@ -156,6 +156,9 @@ pub struct RunState {
     pub branches: BTreeMap<u32, Value>,
     #[serde(default)]
     pub approvals: BTreeMap<NodeId, ApprovalState>,
+    /// People's decisions on items the graph put on hold (`quarantine:`), per item, in order.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub quarantine: BTreeMap<String, Vec<Decision>>,
     /// Failure signatures seen per node, for stuck detection.
     #[serde(default)]
     pub signatures: BTreeMap<NodeId, Vec<String>>,
@@ -219,6 +222,7 @@ impl RunState {
             joins: BTreeMap::new(),
             branches: BTreeMap::new(),
             approvals: BTreeMap::new(),
+            quarantine: BTreeMap::new(),
             signatures: BTreeMap::new(),
             tree: None,
             spawn_budget: None,

@@ -67,8 +67,11 @@ pub struct FeatureState {
     pub reverts: u32,
     /// Times it went to quarantine.
     pub quarantines: u32,
-    /// People's decisions on it taken so far (the next one applies to its next quarantine).
+    /// People's decisions on it seen so far: the first one after these decides its current
+    /// quarantine, and any made with it are spent too (one decision per quarantine).
     pub decisions: u32,
+    /// Quarantines of it a person decided.
+    pub reviews: u32,
     /// The latest reason it is not accepted (a verifier's or a person's).
     #[serde(default)]
     pub reason: Option<String>,
@@ -174,7 +177,8 @@ pub fn settle(
         let Some(decision) = made.get(state.decisions as usize) else {
             continue;
         };
-        state.decisions += 1;
+        state.decisions = made.len() as u32;
+        state.reviews += 1;
         let Some(feature) = list.iter_mut().find(|f| f.id == *id) else {
             continue;
         };
@@ -225,7 +229,7 @@ fn metrics(states: &BTreeMap<u64, FeatureState>) -> Metrics {
         .count() as u32;
     let reverts: u32 = states.values().map(|s| s.reverts).sum();
     let quarantined: u32 = states.values().map(|s| s.quarantines).sum();
-    let human_decisions: u32 = states.values().map(|s| s.decisions).sum();
+    let human_decisions: u32 = states.values().map(|s| s.reviews).sum();
     let rate = |n: u32| {
         if claims == 0 {
             0.0

@@ -5,7 +5,9 @@
 
 use super::raw::RawGraph;
 use super::CheckError;
-use super::{Claims, Crosstalk, Incremental, Route, Stuck, Tool, WorktreeUse, Writes};
+use super::{
+    Claims, Crosstalk, Incremental, QuarantineDef, Route, Stuck, Tool, WorktreeUse, Writes,
+};
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -26,6 +28,8 @@ pub struct Graph {
     pub on_sibling: BTreeMap<String, NodeId>,
     /// Bundle files no node names itself (templates a `render_files` node picks by input).
     pub files: Vec<String>,
+    /// Items put on hold for people (seed 004's quarantine).
+    pub quarantine: Option<QuarantineDef>,
     pub nodes: BTreeMap<NodeId, Node>,
 }
 

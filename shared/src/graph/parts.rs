@@ -216,3 +216,18 @@ pub struct Crosstalk {
     pub to: NodeId,
     pub message: String,
 }
+
+/// Items a run puts on hold for people (seed 004's quarantine): `pending` is an expression over
+/// the run context giving the items (ids) waiting now; a person's decision on one of them is
+/// recorded in the run state (`quarantine` in expressions: item → decisions in order) and, when
+/// the run waits at the approval node `hold`, releases it so the decision is applied at once.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineDef {
+    pub pending: String,
+    /// An expression giving a map of item to what a person should see about it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<NodeId>,
+}

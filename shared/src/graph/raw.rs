@@ -5,7 +5,7 @@
 
 use super::{
     AgentBody, Claims, Crosstalk, Defaults, GitOp, Graph, HarnessOp, Incremental, Node, NodeBody,
-    NodeKind, Route, SpawnBody, SpawnWait, Stuck, Tool, WorktreeUse, Writes,
+    NodeKind, QuarantineDef, Route, SpawnBody, SpawnWait, Stuck, Tool, WorktreeUse, Writes,
 };
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -33,6 +33,9 @@ pub struct RawGraph {
     /// Bundle files no node names itself (templates a `render_files` node picks by input).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<String>,
+    /// Items put on hold for people, and the approval node that waits for their decisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<QuarantineDef>,
     pub nodes: BTreeMap<NodeId, RawNode>,
 }
 
@@ -193,6 +196,7 @@ impl RawGraph {
             input_schema: self.input_schema,
             on_sibling: self.on_sibling,
             files: self.files,
+            quarantine: self.quarantine,
             nodes,
         })
     }
@@ -226,6 +230,7 @@ impl From<Graph> for RawGraph {
             input_schema: g.input_schema,
             on_sibling: g.on_sibling,
             files: g.files,
+            quarantine: g.quarantine,
             nodes: g.nodes.into_iter().map(|(id, n)| (id, n.into())).collect(),
         }
     }

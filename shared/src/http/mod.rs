@@ -2,8 +2,10 @@
 //! (`coordinator::cli::client`): one definition per body, so the two cannot drift apart. Every
 //! body names the API version it speaks (`v`); a client refuses a body of another version.
 
+mod quarantine;
 mod tree;
 
+pub use quarantine::{QuarantineDecided, QuarantineItem, QuarantineView};
 pub use tree::{ChildView, RunTree, TreeView};
 
 use crate::engine::{ApprovalState, JobState, RunState, RunStatus};
@@ -176,6 +178,9 @@ pub struct StatusView {
     pub status: RunStatus,
     pub awaiting_approval: Vec<NodeId>,
     pub approvals: BTreeMap<NodeId, ApprovalState>,
+    /// People's decisions on items the run put on hold (`fleet quarantine`), per item.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub quarantine: BTreeMap<String, Vec<crate::engine::Decision>>,
     pub joins: BTreeMap<NodeId, JoinView>,
     pub branches: usize,
     pub visits: BTreeMap<NodeId, u32>,
@@ -237,6 +242,7 @@ impl StatusView {
             status: s.status,
             awaiting_approval: s.awaiting_approval().into_iter().cloned().collect(),
             approvals: s.approvals.clone(),
+            quarantine: s.quarantine.clone(),
             joins,
             branches: s.branches.len(),
             visits: s.visits.clone(),

@@ -61,6 +61,7 @@ pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome
         joins: BTreeMap::new(),
         branches: BTreeMap::new(),
         approvals: BTreeMap::new(),
+        quarantine: BTreeMap::new(),
         signatures: BTreeMap::new(),
         tree: None,
         spawn_budget: None,

@@ -26,6 +26,7 @@ mod deadlines;
 mod factory_runs;
 mod graphs;
 mod join_order;
+mod quarantine;
 mod sessions;
 mod siblings;
 mod stored;

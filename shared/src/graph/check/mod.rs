@@ -143,6 +143,25 @@ pub fn check(bundle: &GraphBundle) -> Result<(), Vec<CheckError>> {
         }
     }
 
+    if let Some(q) = &g.quarantine {
+        if let Err(e) = crate::expr::compile_check(&q.pending) {
+            err(None, "quarantine.pending", e.to_string());
+        }
+        if let Some(Err(e)) = q.details.as_deref().map(crate::expr::compile_check) {
+            err(None, "quarantine.details", e.to_string());
+        }
+        if let Some(hold) = &q.hold {
+            match g.nodes.get(hold) {
+                Some(n) if n.kind() == NodeKind::Approval => {}
+                _ => err(
+                    None,
+                    "quarantine.hold",
+                    format!("`{hold}` is not an approval node"),
+                ),
+            }
+        }
+    }
+
     // Reachability from start and from sibling events' handlers; an observer is reachable
     // when a node it watches is.
     let mut reachable = reachable_from(g, &g.start);
