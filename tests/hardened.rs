@@ -84,6 +84,11 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
         .node_artifact_json(&run, "review", 1, "review_features.json")
         .await?;
     let stats = &review["stats"];
+    // The person deciding sees them in the run's status (`fleet status`, the API).
+    assert_eq!(
+        &status["approvals"]["approve_features"]["shown"], stats,
+        "{status}"
+    );
     assert_eq!(stats["total"], 4, "{stats}");
     assert_eq!(stats["already_passing"], json!([4]), "{stats}");
     let warnings = stats["warnings"].to_string();

@@ -128,6 +128,9 @@ pub struct ApprovalState {
     pub visit: u32,
     pub branch: Option<u32>,
     pub decision: Option<Decision>,
+    /// What the node's `show` gave when it was entered (what the person deciding sees).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

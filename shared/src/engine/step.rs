@@ -360,7 +360,12 @@ impl Engine<'_> {
                 self.fan_out(id, FanOut { over, body, join }, visit, branch)
             }
             NodeBody::Spawn(spawn) => self.spawn(id, spawn, visit, branch),
-            NodeBody::Approval => {
+            NodeBody::Approval { show } => {
+                // What the person deciding sees; an expression that fails shows its error.
+                let shown = show.as_ref().map(|e| {
+                    expr::eval(e, &self.state.context_in(branch))
+                        .unwrap_or_else(|err| json!({"error": err.to_string()}))
+                });
                 self.state.approvals.insert(
                     id.clone(),
                     ApprovalState {
@@ -368,6 +373,7 @@ impl Engine<'_> {
                         visit,
                         branch,
                         decision: None,
+                        shown,
                     },
                 );
                 Ok(())

@@ -187,7 +187,11 @@ pub enum NodeBody {
         body: NodeId,
         join: NodeId,
     },
-    Approval,
+    Approval {
+        /// An expression whose value the person deciding is shown (in the run's status, the
+        /// API and `fleet approve`): e.g. the review's statistics and warnings.
+        show: Option<String>,
+    },
     Spawn(SpawnBody),
     Exit {
         /// Expression deciding whether the run succeeded.
@@ -391,7 +395,7 @@ impl Node {
             NodeBody::Git { .. } => NodeKind::Git,
             NodeBody::Join { .. } => NodeKind::Join,
             NodeBody::Fanout { .. } => NodeKind::Fanout,
-            NodeBody::Approval => NodeKind::Approval,
+            NodeBody::Approval { .. } => NodeKind::Approval,
             NodeBody::Spawn(_) => NodeKind::Spawn,
             NodeBody::Exit { .. } => NodeKind::Exit,
         }

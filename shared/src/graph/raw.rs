@@ -145,6 +145,11 @@ pub struct RawNode {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<SpawnWait>,
 
+    // approval
+    /// What the person deciding is shown (an expression).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub show: Option<String>,
+
     // exit
     #[serde(default)]
     pub status: Option<String>,
@@ -255,6 +260,7 @@ fn owners(field: &str) -> &'static [NodeKind] {
         "over" => &[Fanout, Spawn],
         "body" | "join" => &[Fanout],
         "input" | "base" | "wait" => &[Spawn],
+        "show" => &[Approval],
         "status" | "result" => &[Exit],
         // A worktree belongs to the kinds that run in one.
         "worktree" => &[Agent, Command, Harness, Git, Fanout],
@@ -298,6 +304,7 @@ impl RawNode {
             ("input", self.input.is_some()),
             ("base", self.base.is_some()),
             ("wait", self.wait.is_some()),
+            ("show", self.show.is_some()),
             ("status", self.status.is_some()),
             ("result", self.result.is_some()),
             ("worktree", self.worktree.is_some()),
@@ -368,7 +375,7 @@ impl RawNode {
                                 format!("unknown harness op `{op}` (known: {})", known.join(", ")),
                             ));
                         }
-                        NodeBody::Approval
+                        NodeBody::Approval { show: None }
                     }
                 }
             }
@@ -382,7 +389,7 @@ impl RawNode {
                             self.op
                         ),
                     ));
-                    NodeBody::Approval
+                    NodeBody::Approval { show: None }
                 }
             },
             NodeKind::Join => NodeBody::Join {
@@ -408,7 +415,7 @@ impl RawNode {
                     "a fan-out needs the `join` where its branches meet",
                 )),
             },
-            NodeKind::Approval => NodeBody::Approval,
+            NodeKind::Approval => NodeBody::Approval { show: self.show },
             NodeKind::Spawn => NodeBody::Spawn(SpawnBody {
                 over: need(
                     &mut errs,
@@ -498,6 +505,7 @@ impl From<Node> for RawNode {
             input: None,
             base: None,
             wait: None,
+            show: None,
             status: None,
             result: None,
         };
@@ -522,7 +530,7 @@ impl From<Node> for RawNode {
                 raw.body = Some(body);
                 raw.join = Some(join);
             }
-            NodeBody::Approval => {}
+            NodeBody::Approval { show } => raw.show = show,
             NodeBody::Spawn(s) => {
                 raw.over = Some(s.over);
                 raw.input = s.input;

@@ -289,7 +289,7 @@ impl Runner {
             | NodeBody::Join { .. }
             | NodeBody::Fanout { .. }
             | NodeBody::Spawn(_)
-            | NodeBody::Approval => Ok((
+            | NodeBody::Approval { .. } => Ok((
                 StepOutcome {
                     status: JobStatus::Error,
                     output: Value::Null,

@@ -90,6 +90,7 @@ start: review
 nodes:
   review:
     kind: approval
+    show: "{'items': input.items | length}"
     routes:
       - to: work
         when: review.ok
@@ -103,9 +104,13 @@ nodes:
     status: review.ok and work.ok
 "#,
     );
-    let t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
+    let mut s = new_run(&b, 1);
+    s.input = json!({"items": ["a", "b"]});
+    let t = step(&b, &s, Event::Start { at: time(0) });
     assert!(t.effects.is_empty(), "nothing runs before the decision");
     assert_eq!(t.state.awaiting_approval(), vec![&NodeId::new("review")]);
+    let shown = &t.state.approvals[&NodeId::new("review")].shown;
+    assert_eq!(shown, &Some(json!({"items": 2})), "what the person deciding sees");
     let decide = |approved| Event::Decide {
         node: NodeId::new("review"),
         approved,

@@ -304,7 +304,12 @@ pub(super) fn check_node(
                 }
             }
         }
-        NodeBody::Harness { .. } | NodeBody::Approval => {}
+        NodeBody::Harness { .. } => {}
+        NodeBody::Approval { show } => {
+            if let Some(Err(e)) = show.as_deref().map(expr::compile_check) {
+                err(Some(id), "show", e.to_string());
+            }
+        }
         NodeBody::Exit { status, .. } => {
             if let Err(e) = expr::compile_check(status) {
                 e2("status", e.to_string());
