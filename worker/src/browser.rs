@@ -239,3 +239,6 @@ async fn sh(session: &dyn Session, script: &str, args: &[&str]) -> Result<Vec<u8
     }
     Ok(out.stdout)
 }
+
+#[cfg(test)]
+mod tests;
