@@ -10,13 +10,18 @@
 #                   command agents of images/agents/. QuickCheck's own dependencies random and
 #                   splitmix are named too: Debian's Haskell packages depend on virtual names
 #                   (`libghc-random-dev-1.2.1.1-f840d`) that debootstrap's resolver cannot follow.
+#   fleet-agent-web python3, headless chromium (driven by images/agents/fleet-browser over the
+#                   DevTools pipe), git; fonts-dejavu-core so screenshots show text; dbus-x11 names
+#                   a provider of the virtual dbus-session-bus that GTK's dconf needs (the same
+#                   resolver limit as above).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE="${1:-fleet-agent-py:1}"
 case "${IMAGE%%:*}" in
   fleet-agent-py) PACKAGES="python3,python3-pytest,git,ca-certificates" ;;
   fleet-agent-hs) PACKAGES="ghc,libghc-quickcheck2-dev,libghc-random-dev,libghc-splitmix-dev,python3,git,ca-certificates" ;;
-  *) echo "[image] no package list for $IMAGE (known: fleet-agent-py, fleet-agent-hs)" >&2; exit 2 ;;
+  fleet-agent-web) PACKAGES="python3,chromium,dbus-x11,fonts-dejavu-core,git,ca-certificates" ;;
+  *) echo "[image] no package list for $IMAGE (known: fleet-agent-py, fleet-agent-hs, fleet-agent-web)" >&2; exit 2 ;;
 esac
 AGENTS_HASH="$(cd images/agents && find . -type f | sort | xargs sha256sum | sha256sum | cut -c1-16)"
 

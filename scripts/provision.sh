@@ -3,12 +3,14 @@
 # Safe to run twice: every step checks before it acts.
 #   RabbitMQ, Redis and headless Chromium from Debian's packages, an S3-compatible server (moto_server from PyPI),
 #   and the agent images built locally with debootstrap (there is no registry): fleet-agent-py:1,
-#   and fleet-agent-hs:1 (ghc and QuickCheck, for Haskell projects; FLEET_HS_IMAGE= skips it).
+#   fleet-agent-hs:1 (ghc and QuickCheck, for Haskell projects; FLEET_HS_IMAGE= skips it) and
+#   fleet-agent-web:1 (headless Chromium for the `browser` tool; FLEET_WEB_IMAGE= skips it).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 STATE_DIR="${FLEET_STATE_DIR:-/tmp/fleet-services}"
 IMAGE="${FLEET_IMAGE:-fleet-agent-py:1}"
 HS_IMAGE="${FLEET_HS_IMAGE-fleet-agent-hs:1}"
+WEB_IMAGE="${FLEET_WEB_IMAGE-fleet-agent-web:1}"
 S3_PORT="${FLEET_S3_PORT:-9000}"
 mkdir -p "$STATE_DIR"
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -85,5 +87,9 @@ images="$IMAGE"
 if [ -n "$HS_IMAGE" ]; then
   "$here/scripts/build-image.sh" "$HS_IMAGE"
   images="$images, $HS_IMAGE"
+fi
+if [ -n "$WEB_IMAGE" ]; then
+  "$here/scripts/build-image.sh" "$WEB_IMAGE"
+  images="$images, $WEB_IMAGE"
 fi
 log "ready: redis 6379, rabbitmq 5672, s3 $S3_PORT, images $images"

@@ -4,6 +4,7 @@
 
 pub mod agent_config;
 pub mod batch;
+pub mod browser;
 pub mod builtins;
 pub mod engine;
 pub mod expr;

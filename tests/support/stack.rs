@@ -525,6 +525,15 @@ impl Stack {
         Ok(r.text().await?)
     }
 
+    /// `GET path`'s body as bytes (an artifact that is not text: a screenshot).
+    pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        let r = self.send_get(path).await?;
+        if !r.status().is_success() {
+            bail!("GET {path}: {}", r.status());
+        }
+        Ok(r.bytes().await?.to_vec())
+    }
+
     pub async fn artifact_json(&self, key: &str) -> anyhow::Result<Value> {
         let text = self.get_text(&format!("/v1/artifacts/{key}")).await?;
         serde_json::from_str(&text).with_context(|| format!("artifact {key} is not json"))

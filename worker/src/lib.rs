@@ -7,6 +7,7 @@
 pub mod acceptance;
 pub mod agent;
 pub mod blobs;
+pub mod browser;
 pub mod claims;
 pub mod consumer;
 pub mod faults;

@@ -1,6 +1,7 @@
 //! Agent tools, executed inside the job's container through the sandbox session. Paths are
 //! checked before anything runs: a path that escapes the worktree is an error, never a read.
 
+use crate::browser::Evidence;
 use crate::sandbox::Session;
 use serde_json::{json, Value};
 use shared::graph::Tool;
@@ -14,6 +15,8 @@ pub struct ToolBox<'a> {
     pub session: &'a dyn Session,
     pub allowed: &'a [Tool],
     pub command_timeout: Duration,
+    /// Where the `browser` tool keeps its screenshots and log (none: the tool refuses).
+    pub evidence: Option<&'a Evidence>,
 }
 
 /// A tool definition in neutral form: name, description and JSON schema of its input.
@@ -30,6 +33,7 @@ pub fn tool_name(tool: Tool) -> &'static str {
         Tool::WriteFile => "write_file",
         Tool::EditFile => "edit_file",
         Tool::RunCommand => "run_command",
+        Tool::Browser => "browser",
     }
 }
 
@@ -64,6 +68,15 @@ pub fn definition(tool: Tool) -> ToolDef {
             description: "Run a shell command in the repository root (no network).",
             schema: json!({"type": "object", "properties": {"command": {"type": "string"}},
                 "required": ["command"]}),
+        },
+        Tool::Browser => ToolDef {
+            name: "browser",
+            description: "Open a page served inside the container (http://127.0.0.1:PORT or \
+                localhost; start the server first with run_command, in the background) in headless \
+                Chromium and perform actions in order: click, type, press, wait_for, text (returns \
+                the visible text), screenshot (kept as an artifact), navigate. Returns each \
+                action's outcome, the final url and title, and console messages.",
+            schema: shared::browser::input_schema(),
         },
     }
 }
@@ -128,6 +141,7 @@ impl ToolBox<'_> {
                     )),
                 }
             }
+            Tool::Browser => crate::browser::call(self.session, self.evidence, input).await,
             Tool::RunCommand => {
                 let command = arg(input, "command")?;
                 let out = self
@@ -229,12 +243,13 @@ mod tests {
         }
     }
 
-    const ALL: [Tool; 5] = [
+    const ALL: [Tool; 6] = [
         Tool::ReadFile,
         Tool::ListDir,
         Tool::WriteFile,
         Tool::EditFile,
         Tool::RunCommand,
+        Tool::Browser,
     ];
 
     /// Tool arguments: mostly objects with the tools' keys holding paths and text of any kind
@@ -269,7 +284,7 @@ mod tests {
                 4 => prop::sample::select(ALL.to_vec()).prop_map(tool_name),
                 1 => Just("submit"),
             ],
-            allowed in prop::sample::subsequence(ALL.to_vec(), 0..=5),
+            allowed in prop::sample::subsequence(ALL.to_vec(), 0..=6),
             input in arb_input(),
             stdout in prop_oneof![arb_text(), "(ab|a|b|\\\\PC){0,40}"],
             exit_code in prop_oneof![Just(0i64), any::<i64>()],
@@ -289,6 +304,7 @@ mod tests {
                 session: &session,
                 allowed: &allowed,
                 command_timeout: Duration::from_secs(1),
+                evidence: None,
             };
             let (answer, took) = timed(|| futures::executor::block_on(tools.call(name, &input)));
             prop_assert!(took < CASE_LIMIT);
@@ -298,7 +314,7 @@ mod tests {
             for argv in session.seen.lock().unwrap().iter() {
                 let path = match argv.iter().map(String::as_str).collect::<Vec<_>>()[..] {
                     ["cat", "--", p] | ["ls", "-la", "--", p] | ["sh", "-c", _, "sh", p] => p,
-                    ["sh", "-c", _] => continue,
+                    ["sh", "-c", _] | ["fleet-browser"] => continue,
                     _ => return Err(TestCaseError::fail(format!("unexpected argv {argv:?}"))),
                 };
                 prop_assert!(

@@ -12,6 +12,8 @@ pub enum Tool {
     WriteFile,
     EditFile,
     RunCommand,
+    /// A headless browser on the container's loopback (`fleet-browser` in the image).
+    Browser,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

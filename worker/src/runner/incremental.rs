@@ -10,6 +10,7 @@
 use super::{RunError, Runner};
 use crate::agent::inbox::Inbox;
 use crate::agent::{self, AgentJob, AgentOutcome};
+use crate::browser::Evidence;
 use crate::git::Worktree;
 use crate::harness::{excerpt, run_logged, Artifacts};
 use crate::queue::{Broker, QueueName};
@@ -184,6 +185,8 @@ impl Runner {
             runner: self,
             job: s.spec.job_id.clone(),
         };
+        // One for the session: screenshots are numbered on across invocations.
+        let evidence = Evidence::new(art);
         while end.is_none() {
             let n = book.invocations + 1;
             let mut prompt = if n == 1 {
@@ -208,6 +211,7 @@ impl Runner {
                     session: s.session,
                     allowed: s.tools,
                     command_timeout: Duration::from_secs(120).min(s.timeout),
+                    evidence: Some(&evidence),
                 },
                 inbox: Some(&inbox),
                 invocation: Some(n),
@@ -220,6 +224,7 @@ impl Runner {
                 transcript.take(),
             )
             .await;
+            evidence.flush(art).await?;
             book.usage.add(&out.usage);
             if out.status != JobStatus::Ok {
                 return Ok(AgentOutcome {

@@ -6,6 +6,7 @@ use super::{RunError, Runner};
 use crate::agent::command::CommandJob;
 use crate::agent::gateway::Gateway;
 use crate::agent::{self, AgentJob};
+use crate::browser::Evidence;
 use crate::git::Worktree;
 use crate::harness::{self, Artifacts, StepOutcome};
 use crate::sandbox::Session;
@@ -113,6 +114,7 @@ impl Runner {
                     let out = self.incremental(sessions, prior, art).await?;
                     return self.agent_done(agent_node, spec, wt, out, art).await;
                 }
+                let evidence = Evidence::new(art);
                 let job = AgentJob {
                     node: spec.node.as_str(),
                     visit: spec.visit,
@@ -124,6 +126,7 @@ impl Runner {
                         session,
                         allowed: &agent_node.tools,
                         command_timeout: Duration::from_secs(120).min(timeout),
+                        evidence: Some(&evidence),
                     },
                     inbox: None,
                     invocation: None,
@@ -146,6 +149,7 @@ impl Runner {
                     }
                     _ => agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await,
                 };
+                evidence.flush(art).await?;
                 match wt {
                     Some(wt) => self.agent_done(agent_node, spec, wt, out, art).await,
                     None => agent_output(out, art).await,
