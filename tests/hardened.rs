@@ -192,6 +192,31 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     );
     assert!(seen.contains("The list shows its count"), "{seen}");
 
+    // Feature 2's second claim was checked in a browser: typed, clicked, read the list, and
+    // kept a screenshot as evidence.
+    let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+    let mut browsed = None;
+    for visit in 3..=5 {
+        let t = stack
+            .node_artifact_json(&run, "verify", visit, "transcript.json")
+            .await?
+            .to_string();
+        if t.contains("\"tool\":\"browser\"") {
+            browsed = Some((visit, t));
+        }
+    }
+    let (visit, browser) = browsed.expect("a verifier used the browser");
+    assert!(browser.contains("milk"), "{browser}");
+    assert!(browser.contains("1 items"), "{browser}");
+    let shot = logs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|j| j["node"] == "verify" && j["visit"] == visit)
+        .and_then(|j| j["artifacts"].as_object())
+        .and_then(|a| a.keys().find(|k| k.ends_with("after_add.png")).cloned());
+    assert!(shot.is_some(), "no screenshot among {logs}");
+
     // Round 2: 2 and 3 verified; 4's verifications disagreed: quarantined, passes: false.
     let round2 = stack
         .node_artifact_json(&run, "settle", 2, "settle_claims.json")

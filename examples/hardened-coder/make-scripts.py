@@ -9,7 +9,7 @@
 - the verifier confirms 1 (after starting the app from its own checkout and fetching the page)
   and refutes 2 twice: 2 is set back to passes: false, with the reason for the next session;
 - session 2 reads the list on disk, fixes adding and claims 2, 3 and 4; the verifier confirms
-  2 and 3; on 4 it fails once, then passes: the votes disagree, 4 goes to quarantine.
+  2 (in a browser: it types 'milk', clicks Add, reads the list and keeps a screenshot) and 3; on 4 it fails once, then passes: the votes disagree, 4 goes to quarantine.
 
 Run it from anywhere; it writes next to itself.
 """
@@ -154,7 +154,12 @@ def story():
         "verify": [
             verifier(1, 1, True, "the heading reads To-do", ["sh init.sh", FETCH]),
             verifier(2, 1, False, "after Add, the list with id 'items' has no entry"),
-            verifier(2, 2, True, "milk is in the list"),
+            dict(verifier(2, 2, True, "milk is in the list"), commands=["sh init.sh"],
+                 tool_calls=[{"name": "browser", "input": {
+                     "url": "http://127.0.0.1:8765/",
+                     "actions": [{"type": {"selector": "#item", "text": "milk"}},
+                                 {"click": "#add"}, {"text": "#items"}, {"text": "#count"},
+                                 {"screenshot": "after_add"}]}}]),
             verifier(3, 2, True, "the error reads Item is empty"),
             verifier(4, 2, False, "the count was not visible in time"),
         ],

@@ -197,6 +197,9 @@ pub struct ScriptStep {
     /// Shell commands run through the `run_command` tool (only where the node allows it).
     #[serde(default)]
     pub commands: Vec<String>,
+    /// Other tool calls, after the commands, as `{"name", "input"}` (e.g. the `browser`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Value>,
     /// Seconds to wait before answering (for benchmarks of parallel branches).
     #[serde(default)]
     pub delay_seconds: f64,

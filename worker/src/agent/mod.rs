@@ -158,6 +158,15 @@ async fn scripted(
             );
         }
     }
+    for call in &step.tool_calls {
+        let name = call["name"].as_str().unwrap_or_default();
+        let result = job.tools.call(name, &call["input"]).await;
+        // A refused or failed call is an answer for the agent, as with a model's call.
+        transcript.push(
+            json!({"tool": name, "input": call["input"], "ok": result.is_ok(),
+            "result": result.unwrap_or_else(|e| e)}),
+        );
+    }
     transcript.push(json!({"role": "assistant", "output": step.output}));
     let (status, error) = match validate(job.schema, &step.output) {
         Ok(()) => (JobStatus::Ok, None),

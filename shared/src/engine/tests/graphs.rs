@@ -110,7 +110,11 @@ nodes:
     assert!(t.effects.is_empty(), "nothing runs before the decision");
     assert_eq!(t.state.awaiting_approval(), vec![&NodeId::new("review")]);
     let shown = &t.state.approvals[&NodeId::new("review")].shown;
-    assert_eq!(shown, &Some(json!({"items": 2})), "what the person deciding sees");
+    assert_eq!(
+        shown,
+        &Some(json!({"items": 2})),
+        "what the person deciding sees"
+    );
     let decide = |approved| Event::Decide {
         node: NodeId::new("review"),
         approved,
