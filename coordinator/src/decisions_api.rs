@@ -53,6 +53,17 @@ pub(crate) async fn list(
     }))
 }
 
+/// A decision's body, or 400 naming what is wrong with it.
+fn decision_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("malformed decision: {e}"),
+            vec![],
+        )
+    })
+}
+
 /// A person's decision on an item in quarantine.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -81,13 +92,7 @@ pub(crate) async fn decide(
     body: axum::body::Bytes,
 ) -> Result<Json<QuarantineDecided>, ApiError> {
     let run = RunId::new(id);
-    let d: QuarantineBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("malformed decision: {e}"),
-            vec![],
-        )
-    })?;
+    let d: QuarantineBody = decision_body(&body)?;
     c.load(&run).await?;
     let event = Event::Quarantine {
         item: item.clone(),
@@ -150,13 +155,7 @@ pub(crate) async fn decide_approval(
     body: axum::body::Bytes,
 ) -> Result<Json<http::Decided>, ApiError> {
     let run = RunId::new(id);
-    let d: DecideBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("malformed decision: {e}"),
-            vec![],
-        )
-    })?;
+    let d: DecideBody = decision_body(&body)?;
     let state = c.load(&run).await?;
     if !state
         .approvals
