@@ -439,6 +439,42 @@ pub(crate) mod tests {
         }
     }
 
+    /// Seed 004's verifier: a verdict that disagrees with its own steps is not an answer.
+    #[test]
+    fn a_verifier_pass_with_a_failed_step_or_a_silent_failure_breaks_the_schema() {
+        let schema: Value = serde_json::from_str(include_str!(
+            "../../graphs/hardened-coder/schemas/verification.json"
+        ))
+        .unwrap();
+        let step = |result: &str| {
+            json!({"step_number": 1, "step_text": "s", "result": result,
+                   "observation": "o", "reasoning": "r"})
+        };
+        let answer = |passes: bool, steps: Value, reason: Value| {
+            json!({"test_passes": passes, "steps": steps,
+                   "overall_reasoning": "r", "failure_reason": reason})
+        };
+        assert_eq!(
+            validate(&schema, &answer(true, json!([step("pass")]), Value::Null)),
+            Ok(())
+        );
+        assert_eq!(
+            validate(
+                &schema,
+                &answer(false, json!([step("fail")]), json!("no button"))
+            ),
+            Ok(())
+        );
+        for cheat in [
+            answer(true, json!([step("pass"), step("fail")]), Value::Null),
+            answer(true, json!([]), Value::Null),
+            answer(false, json!([step("fail")]), Value::Null),
+            answer(false, json!([step("fail")]), json!("")),
+        ] {
+            assert!(validate(&schema, &cheat).is_err(), "{cheat} was taken");
+        }
+    }
+
     const SCHEMAS: &[&str] = &[
         include_str!("../../graphs/factory/schemas/factory_input.json"),
         include_str!("../../graphs/hybrid-tdd/schemas/input.json"),
