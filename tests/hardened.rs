@@ -6,6 +6,9 @@
 //! the reason in the next session's prompt, then fixed and verified; a claim whose verifications
 //! disagree goes to quarantine, where a person approves it through `fleet quarantine`.
 
+#[path = "hardened/budget.rs"]
+mod budget;
+
 use fleet_tests::stack::{workspace_root, Stack};
 use serde_json::{json, Value};
 use std::process::Command;

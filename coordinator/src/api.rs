@@ -91,6 +91,7 @@ pub fn routes() -> Vec<Route> {
     all.extend(batches::routes());
     all.extend(tree_api::routes());
     all.extend(decisions_api::routes());
+    all.extend(crate::tracking_api::routes());
     crate::schedules::api::and_schedule_routes(all)
 }
 

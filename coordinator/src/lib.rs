@@ -13,4 +13,5 @@ pub mod openapi;
 pub mod schedules;
 pub mod store;
 pub mod submit;
+pub mod tracking_api;
 pub mod tree_api;

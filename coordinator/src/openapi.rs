@@ -35,6 +35,11 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::tree_api::run_tree,
         crate::decisions_api::list,
         crate::decisions_api::decide,
+        crate::tracking_api::events,
+        crate::tracking_api::costs,
+        crate::tracking_api::run_dashboard,
+        crate::tracking_api::deliveries,
+        crate::tracking_api::set_budget,
         crate::batches::api::create_batch,
         crate::batches::api::list_batches,
         crate::batches::api::batch_status,
@@ -69,6 +74,13 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         http::QuarantineItem,
         http::QuarantineDecided,
         crate::decisions_api::QuarantineBody,
+        crate::tracking_api::BudgetBody,
+        shared::tracking::EventType,
+        shared::tracking::RunBudget,
+        shared::tracking::budget::BudgetMark,
+        shared::tracking::budget::BudgetMarkKind,
+        shared::tracking::dashboard::Dashboard,
+        shared::tracking::costs::CostReport,
         shared::engine::Decision,
         http::LogEntry,
         http::ArtifactListing,
@@ -298,7 +310,16 @@ mod tests {
             .keys()
             .map(String::as_str)
             .collect();
-        let wanted = BTreeSet::from(["graph", "input", "repo", "git_ref", "agent", "run_id"]);
+        let wanted = BTreeSet::from([
+            "graph",
+            "input",
+            "repo",
+            "git_ref",
+            "agent",
+            "run_id",
+            "budget_usd",
+            "webhook",
+        ]);
         assert_eq!(props, wanted);
         let required: BTreeSet<&str> = submit["required"]
             .as_array()

@@ -29,6 +29,13 @@ pub struct SubmitRequest {
     pub git_ref: String,
     #[serde(default)]
     pub agent: AgentConfig,
+    /// The run's budget in dollars: a warning at 80%, paused at 100% until raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd: Option<f64>,
+    /// Where the run's notices go (budget marks, approvals asked for, quarantines, its end),
+    /// signed with the coordinator's `FLEET_WEBHOOK_SECRET`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
 }
 
 fn head() -> String {
@@ -129,6 +136,25 @@ pub async fn submit_as(
 ) -> Result<SubmitResponse, DriverError> {
     let bundle = req.graph;
     check(&bundle).map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect()))?;
+    let budget = match req.budget_usd.map(shared::tracking::RunBudget::new) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => return Err(SubmitError::Input(e.to_string()).into()),
+    };
+    if let Some(url) = &req.webhook {
+        let Some(secret) = coord.webhook_secret.clone() else {
+            return Err(SubmitError::Input(
+                "the run names a webhook but this coordinator has no FLEET_WEBHOOK_SECRET to sign its notices".into(),
+            )
+            .into());
+        };
+        let hook = shared::schedule::Webhook {
+            url: url.clone(),
+            secret,
+        };
+        hook.check()
+            .map_err(|e| SubmitError::Input(format!("webhook: {e}")))?;
+    }
     if let Some(why) = agent_exceeds(&req.agent, &bundle.graph) {
         return Err(SubmitError::Input(why).into());
     }
@@ -200,7 +226,7 @@ pub async fn submit_as(
         base_commit: packed.commit,
         packs: vec![packed.pack_key],
     };
-    let state = RunState::new(
+    let mut state = RunState::new(
         shared::engine::NewRun {
             run_id: run_id.clone(),
             graph_ref,
@@ -212,6 +238,8 @@ pub async fn submit_as(
         &bundle,
         coord.clock.now(),
     );
+    state.budget = budget;
+    state.webhook = req.webhook.clone();
     match coord.create_run(state, &bundle).await {
         Ok(true) => Ok(SubmitResponse {
             run_id,

@@ -406,6 +406,7 @@ mod tests {
             container_seconds: 0.0,
             branch: None,
             cached_from: None,
+            events: Vec::new(),
         };
         let c = coverage(&spec, Some(&tests));
         assert_eq!(c["functions_uncovered"], json!(["size"]));

@@ -33,3 +33,4 @@ pub mod testfail;
 pub mod testreport;
 pub mod text;
 pub mod time;
+pub mod tracking;

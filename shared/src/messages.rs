@@ -352,6 +352,10 @@ pub struct JobResult {
     /// The earlier job whose kept result this is (the step cache), when the step did not run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_from: Option<crate::step_cache::CachedFrom>,
+    /// What the job's trusted code recorded (the tool executor, the harness ops); never an
+    /// agent's answer. At most `tracking::MAX_JOB_EVENTS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<crate::tracking::JobEvent>,
 }
 
 #[cfg(test)]

@@ -31,6 +31,8 @@ pub enum OutboxMessage {
     Job(JobEnvelope),
     /// A message between runs, published on the results queue.
     Run(crate::messages::ResultMessage),
+    /// A notice for a run's webhook, delivered (signed, retried) by the relay.
+    Notice(crate::engine::RunNotice),
 }
 
 /// Result of a compare-and-set write of a run.

@@ -378,6 +378,7 @@ mod tests {
             finished_at: Utc::now(),
             container_seconds: 0.0,
             cached_from: None,
+            events: Vec::new(),
         }
     }
 

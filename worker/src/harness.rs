@@ -50,6 +50,8 @@ pub struct Artifacts<'a> {
     pub blobs: &'a Blobs,
     pub prefix: &'a str,
     pub written: BTreeMap<String, String>,
+    /// Events the job's trusted code recorded (tool errors and retries, claims, gates...).
+    pub events: Vec<shared::tracking::JobEvent>,
 }
 
 impl Artifacts<'_> {

@@ -202,5 +202,7 @@ fn item_request(req: &BatchRequest, item: &DatasetItem) -> Result<SubmitRequest,
         repo: item_repo(req, item)?,
         git_ref: item.git_ref.clone().unwrap_or_else(|| "HEAD".into()),
         agent: item_agent(item, &req.agent)?,
+        budget_usd: None,
+        webhook: None,
     })
 }

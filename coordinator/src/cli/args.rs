@@ -177,6 +177,35 @@ pub struct StatusArgs {
     /// Print the run and every child run below it, one per line, indented by depth.
     #[arg(long)]
     pub tree: bool,
+    /// The status view as JSON, also for a run that has a dashboard.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args)]
+pub struct EventsArgs {
+    pub run_id: String,
+    /// Only events of this type (`claim`, `gate_fail`, `verification`, `budget_warning`...).
+    #[arg(long = "type")]
+    pub event_type: Option<String>,
+    /// Only events of this session (a job id).
+    #[arg(long)]
+    pub session: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args)]
+pub struct BudgetArgs {
+    pub run_id: String,
+    /// The new limit in dollars (above what the run spent).
+    #[arg(long)]
+    pub usd: f64,
+    /// Who raised it (kept with the budget's marks).
+    #[arg(long, default_value = "")]
+    pub by: String,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -261,6 +290,14 @@ pub struct RunSpec {
     /// A command agent's budget per run: input plus output tokens (default 1,000,000).
     #[arg(long)]
     pub agent_max_tokens: Option<u64>,
+    /// The run's budget in dollars: a warning event at 80%, paused at 100% (`fleet budget`
+    /// raises it and the run goes on).
+    #[arg(long)]
+    pub budget_usd: Option<f64>,
+    /// A webhook for the run's notices (budget, approvals, quarantine, its end), signed with
+    /// the coordinator's `FLEET_WEBHOOK_SECRET`.
+    #[arg(long)]
+    pub webhook: Option<String>,
 }
 
 #[derive(Args)]
@@ -377,6 +414,8 @@ impl RunSpec {
             repo: repo.display().to_string(),
             git_ref: self.git_ref.clone(),
             agent,
+            budget_usd: self.budget_usd,
+            webhook: self.webhook.clone(),
         })
     }
 }

@@ -10,6 +10,7 @@
 mod args;
 mod batch;
 mod client;
+mod dashboard;
 mod graph_tools;
 mod quarantine;
 mod schedule;
@@ -69,6 +70,10 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: quarantine::QuarantineCmd,
     },
+    /// A run's event log (seed 004's events), one JSON line per event.
+    Events(EventsArgs),
+    /// Set a run's budget in dollars: a run paused on its budget resumes.
+    Budget(BudgetArgs),
     /// List runs.
     List(ServerArg),
     /// Run a graph to the end in this process (embedded mode: no RabbitMQ, Redis or S3).
@@ -164,9 +169,36 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Status(r) => {
-            let v = Client::new(&r.server.server).status(&r.run_id).await?;
+            let client = Client::new(&r.server.server);
+            let v = client.status(&r.run_id).await?;
+            if !r.json {
+                // A run with a feature list (seed 004) gets the seed's dashboard.
+                let d: serde_json::Value = client
+                    .get(&format!("/v1/runs/{}/dashboard", r.run_id))
+                    .await?;
+                let d: shared::tracking::dashboard::Dashboard = serde_json::from_value(d)?;
+                if d.progress.is_some() {
+                    for line in dashboard::render(&d) {
+                        out.line(line)?;
+                    }
+                    return Ok(0);
+                }
+            }
             out.line(serde_json::to_string_pretty(&v)?)?;
             Ok(0)
+        }
+        Cmd::Events(e) => {
+            dashboard::events(
+                &e.server.server,
+                &e.run_id,
+                e.event_type.as_deref(),
+                e.session.as_deref(),
+                &mut out,
+            )
+            .await
+        }
+        Cmd::Budget(b) => {
+            dashboard::budget(&b.server.server, &b.run_id, b.usd, &b.by, &mut out).await
         }
         Cmd::Wait(w) => {
             let timeout = Duration::from_secs(w.timeout);

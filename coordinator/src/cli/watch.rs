@@ -87,6 +87,18 @@ pub async fn wait(
             ))?;
             return Ok(exit_code(r.status));
         }
+        if s.stopped_on_budget() {
+            if let Some(bar) = &spinner {
+                bar.finish_and_clear();
+            }
+            let limit = s.budget.as_ref().map_or(0.0, |b| b.limit_usd);
+            out.line(format!(
+                "run {run}: paused: budget_exhausted (${:.4} of ${limit:.4} spent, {} job(s) held); \
+                 `fleet budget {run} --usd X` resumes it",
+                s.usage.cost_usd, s.jobs_held
+            ))?;
+            return Ok(BUDGET_EXIT);
+        }
         if Instant::now() > deadline {
             if let Some(bar) = &spinner {
                 bar.finish_and_clear();
@@ -100,6 +112,9 @@ pub async fn wait(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
+
+/// `fleet wait`'s exit code for a run paused on its budget (neither success nor failure).
+pub const BUDGET_EXIT: i32 = 3;
 
 /// Why a cancel of a run in `status` has nothing to do (`None`: the run can be cancelled).
 pub fn nothing_to_cancel(run: &str, status: RunStatus) -> Option<String> {
@@ -150,6 +165,8 @@ mod tests {
             created_at: None,
             updated_at: None,
             finished_at: None,
+            budget: None,
+            jobs_held: 0,
         }
     }
 

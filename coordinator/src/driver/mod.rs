@@ -10,6 +10,7 @@
 
 mod inbox;
 mod mirror;
+mod notices;
 mod relay;
 mod retention;
 #[cfg(test)]
@@ -72,6 +73,10 @@ pub struct Coordinator {
     /// Runs of batches under way at once over the whole fleet, shared by the unfinished
     /// batches by weight (`shared::batch::share`); every coordinator must be given the same.
     pub batch_slots: usize,
+    /// The key that signs run notices (`FLEET_WEBHOOK_SECRET`); a run may name a webhook
+    /// only when it is set.
+    pub webhook_secret: Option<String>,
+    http: reqwest::Client,
     /// The version of each run this coordinator last mirrored.
     mirrored: Mutex<HashMap<RunId, u64>>,
     /// Where the times of events (and so of run states) come from; also the deadlines'.
@@ -154,6 +159,10 @@ impl Coordinator {
             batch_wake: Notify::new(),
             stored: Mutex::new(std::collections::HashSet::new()),
             snapshots: Mutex::new(HashMap::new()),
+            webhook_secret: std::env::var("FLEET_WEBHOOK_SECRET")
+                .ok()
+                .filter(|s| !s.is_empty()),
+            http: crate::schedules::webhook::client(),
         }
     }
 
@@ -501,5 +510,6 @@ fn applied_label(a: &Applied) -> &'static str {
         Applied::Duplicate => "duplicate",
         Applied::Stale { .. } => "stale",
         Applied::Ignored(_) => "ignored",
+        Applied::Refused(_) => "refused",
     }
 }

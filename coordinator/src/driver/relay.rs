@@ -74,6 +74,19 @@ impl Coordinator {
             if !batch.is_empty() {
                 worker::faults::point("coordinator.after_claim").await;
             }
+            // Notices are delivered by tasks of their own, each forgetting its message when
+            // done; the rest is published now.
+            let (notices, batch): (Vec<String>, Vec<String>) = batch
+                .into_iter()
+                .partition(|raw| raw.starts_with("{\"Notice\""));
+            for raw in notices {
+                match serde_json::from_str::<OutboxMessage>(&raw) {
+                    Ok(OutboxMessage::Notice(n)) => {
+                        tokio::spawn(self.clone().deliver_notice(raw, n));
+                    }
+                    _ => error!("dropping a malformed notice"),
+                }
+            }
             if !self.publish_batch(&batch, &shutdown).await {
                 return;
             }
@@ -109,6 +122,7 @@ impl Coordinator {
                     let id = format!("run.{}", shared::hashing::sha256_hex(&body));
                     runs.push((body, id));
                 }
+                Ok(OutboxMessage::Notice(_)) => {}
                 Err(e) => error!(error = %e, "dropping a malformed outbox message"),
             }
         }

@@ -49,6 +49,7 @@ impl Coordinator {
                     out.push(OutboxMessage::Run(ResultMessage::FromSibling(msg)));
                 }
             }
+            Effect::Notify(notice) => out.push(OutboxMessage::Notice((**notice).clone())),
             _ => {}
         }
         Ok(())

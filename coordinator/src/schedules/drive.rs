@@ -290,6 +290,7 @@ async fn attempt(
         delivery: delivery_of(firing),
         timestamp: firing.finished_at.map_or(0, |t| t.timestamp()),
         attempt: n,
+        event: shared::schedule::webhook::EVENT,
     };
     webhook::post(http, post).await
 }

@@ -17,7 +17,7 @@
 pub mod api;
 mod drive;
 mod report;
-mod webhook;
+pub(crate) mod webhook;
 
 pub use drive::drive;
 

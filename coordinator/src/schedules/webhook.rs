@@ -4,7 +4,7 @@
 //! token).
 
 use shared::schedule::webhook::{
-    sign, DELIVERY_HEADER, EVENT, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+    sign, DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use shared::schedule::Webhook;
 use std::time::Duration;
@@ -30,6 +30,8 @@ pub(crate) struct Post<'a> {
     pub delivery: &'a str,
     pub timestamp: i64,
     pub attempt: u32,
+    /// The `X-Fleet-Event` header (`schedule.report`, `run.<event type>`).
+    pub event: &'a str,
 }
 
 /// POSTs once: `Ok(status)` when the webhook answered (any status), `Err(why)` when it could
@@ -42,7 +44,7 @@ pub(crate) async fn post(http: &reqwest::Client, p: Post<'_>) -> Result<u16, Str
         .header(SIGNATURE_HEADER, signature)
         .header(DELIVERY_HEADER, p.delivery)
         .header(TIMESTAMP_HEADER, p.timestamp.to_string())
-        .header(EVENT_HEADER, EVENT)
+        .header(EVENT_HEADER, p.event)
         .header(ATTEMPT_HEADER, p.attempt.to_string())
         .body(p.body)
         .send()

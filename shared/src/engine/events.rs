@@ -85,6 +85,12 @@ pub enum Event {
         event: Box<SiblingEvent>,
         at: DateTime<Utc>,
     },
+    /// A person set the run's budget (a paused run resumes: its held jobs are published).
+    Budget {
+        limit_usd: f64,
+        by: String,
+        at: DateTime<Utc>,
+    },
     /// An incremental job finished an invocation.
     Progress {
         notice: Box<crate::session::ProgressNotice>,
@@ -95,6 +101,9 @@ pub enum Event {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
     Publish(Box<JobSpec>),
+    /// Something the run's webhook hears of (a budget mark, a quarantine, an approval asked
+    /// for, the run's end).
+    Notify(Box<RunNotice>),
     Finished {
         status: RunStatus,
         result: Value,
@@ -131,8 +140,12 @@ pub enum Effect {
 pub enum Applied {
     Changed,
     Duplicate,
-    Stale { current: Attempt },
+    Stale {
+        current: Attempt,
+    },
     Ignored(&'static str),
+    /// A person's request the engine refused (why, for them).
+    Refused(String),
 }
 
 #[derive(Clone, Debug)]
@@ -144,3 +157,14 @@ pub struct Transition {
 
 /// Result assemblers of exit nodes, supplied by the caller's harness modules (pure functions).
 pub type Assembler = fn(&RunState, &NodeId, bool, DateTime<Utc>) -> Value;
+
+/// What the run's webhook is told: an event of its log, with a delivery id fixed by the run
+/// and the event (so a redelivery is recognisable).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunNotice {
+    pub run_id: RunId,
+    /// The run's webhook.
+    pub url: String,
+    pub delivery: String,
+    pub event: crate::tracking::RunEvent,
+}

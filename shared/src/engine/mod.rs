@@ -20,6 +20,7 @@
 //! - `publish.rs`: building and publishing job specs, and re-issuing jobs as their next attempt;
 //! - `quarantine.rs`: items a graph puts on hold for people, their decisions, the hold's release.
 
+mod budget;
 mod children;
 mod context;
 mod events;
@@ -31,8 +32,9 @@ mod siblings;
 mod state;
 mod step;
 
+pub use budget::budget_refusal;
 pub use children::{child_run_id, ChildGroup, ChildRecord, ChildReport, ChildRun, TreeLink};
-pub use events::{Applied, Assembler, Effect, Event, Transition};
+pub use events::{Applied, Assembler, Effect, Event, RunNotice, Transition};
 pub use siblings::SiblingEvent;
 pub use state::{
     ApprovalState, Decision, JobRecord, JobState, JoinState, NewRun, Outcome, RunState, RunStatus,
@@ -96,6 +98,7 @@ pub fn apply_in_place(
         | Event::ChildFinished { at, .. }
         | Event::SiblingEvent { at, .. }
         | Event::FromSibling { at, .. }
+        | Event::Budget { at, .. }
         | Event::Progress { at, .. } => *at,
     };
     enum Step {
@@ -112,6 +115,7 @@ pub fn apply_in_place(
         Relay,
         Receive,
         Progress(JobRecord),
+        Budget,
     }
     let step = match event {
         Event::Start { .. } => {
@@ -285,6 +289,12 @@ pub fn apply_in_place(
             }
             Step::Progress(record.clone())
         }
+        Event::Budget { limit_usd, .. } => {
+            if let Some(why) = budget::budget_refusal(state, *limit_usd) {
+                return unchanged(Applied::Refused(why));
+            }
+            Step::Budget
+        }
         Event::FromSibling { event, .. } => {
             if state.status != RunStatus::Running {
                 return unchanged(Applied::Ignored("run is not running"));
@@ -388,6 +398,7 @@ pub fn apply_in_place(
         (Step::Progress(record), Event::Progress { notice, .. }) => {
             e.progress(&record.node, notice)?
         }
+        (Step::Budget, Event::Budget { limit_usd, by, .. }) => e.set_budget(*limit_usd, by),
         _ => unreachable!("the step matches its event"),
     }
     e.state.updated_at = at;

@@ -245,7 +245,14 @@ impl Engine<'_> {
                 invocations,
             },
         );
-        self.fx.push(Effect::Publish(Box::new(spec)));
+        if self.state.budget.as_ref().is_some_and(|b| b.paused) {
+            // Paused on its budget: the job waits in the run state for a raise (a restore
+            // re-issuing it replaces the one held).
+            self.state.held.retain(|h| h.job_id != spec.job_id);
+            self.state.held.push(spec);
+        } else {
+            self.fx.push(Effect::Publish(Box::new(spec)));
+        }
         Ok(())
     }
 }

@@ -103,6 +103,9 @@ pub struct Outcome {
     /// The earlier job whose kept result was reused (the step cache) instead of running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_from: Option<crate::step_cache::CachedFrom>,
+    /// The events the job's trusted code recorded (bounded), for the run's event log.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<crate::tracking::JobEvent>,
 }
 
 /// Arrivals at a join: a set keyed by arriving node (or fan-out branch), so a redelivered
@@ -180,6 +183,16 @@ pub struct RunState {
     /// Messages for agent sessions, by the node whose session they are for.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mailboxes: BTreeMap<NodeId, crate::session::Mailbox>,
+    /// The run's budget in dollars, when it was given one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::tracking::RunBudget>,
+    /// Where the run's notices go (an `http(s)` URL, signed with the coordinator's webhook
+    /// secret; the secret is never in the run state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
+    /// Jobs held while the run is paused on its budget, published on a raise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<crate::messages::JobSpec>,
 }
 
 /// What a new run starts from (everything but its graph and the time).
@@ -232,6 +245,9 @@ impl RunState {
             children: BTreeMap::new(),
             sibling_events: Vec::new(),
             mailboxes: BTreeMap::new(),
+            budget: None,
+            webhook: None,
+            held: Vec::new(),
         }
     }
 
@@ -312,6 +328,7 @@ impl Outcome {
             container_seconds: 0.0,
             branch,
             cached_from: None,
+            events: Vec::new(),
         }
     }
 }

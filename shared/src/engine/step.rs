@@ -12,6 +12,7 @@ use crate::expr::{self, ExprError};
 use crate::graph::{GraphBundle, Node, NodeBody};
 use crate::ids::{JobId, NodeId};
 use crate::messages::{JobResult, JobStatus, Usage};
+use crate::tracking::EventType;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -97,6 +98,12 @@ impl Engine<'_> {
         if !orphans.is_empty() {
             self.fx.push(Effect::CancelRuns(orphans));
         }
+        self.state.held.clear();
+        self.notify(
+            EventType::RunFinished,
+            "run",
+            json!({"status": status, "reason": result.get("reason")}),
+        );
         let mut result = result;
         let waiting: Vec<String> = self
             .state
@@ -141,6 +148,7 @@ impl Engine<'_> {
             container_seconds: result.container_seconds,
             branch: record.branch,
             cached_from: result.cached_from.clone(),
+            events: crate::tracking::events::bounded(result.events.clone()),
         };
         if !n.derive.is_empty() {
             let mut ctx = self.state.context_in(record.branch);
@@ -165,6 +173,12 @@ impl Engine<'_> {
         }
         self.state.usage.add(&result.usage);
         self.state.history.push(outcome.clone());
+        self.observe_budget();
+        for e in &outcome.events {
+            if e.event_type == EventType::Quarantine {
+                self.notify(e.event_type, id.as_str(), e.data.clone());
+            }
+        }
 
         if self.state.status.is_terminal() {
             // A late advisory or observer report: attach it to the result.
@@ -316,6 +330,7 @@ impl Engine<'_> {
             container_seconds: 0.0,
             branch: approval.branch,
             cached_from: None,
+            events: Vec::new(),
         };
         self.state.history.push(outcome);
         let n = self.node(id)?.clone();
@@ -373,8 +388,13 @@ impl Engine<'_> {
                         visit,
                         branch,
                         decision: None,
-                        shown,
+                        shown: shown.clone(),
                     },
+                );
+                self.notify(
+                    EventType::ApprovalRequested,
+                    id.as_str(),
+                    json!({"approval": id, "shown": shown}),
                 );
                 Ok(())
             }

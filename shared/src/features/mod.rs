@@ -5,6 +5,7 @@
 //! (`settle.rs`).
 
 mod claims;
+pub mod events;
 mod review;
 mod settle;
 #[cfg(test)]

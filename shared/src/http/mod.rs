@@ -107,9 +107,20 @@ pub struct RunSummary {
     pub updated_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub finished_at: Option<DateTime<Utc>>,
+    /// The run's budget, when it has one (paused at 100%).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::tracking::RunBudget>,
+    /// Jobs held while the run is paused on its budget (counted in `jobs_pending`).
+    #[serde(default)]
+    pub jobs_held: u64,
 }
 
 impl RunSummary {
+    /// Paused on its budget with nothing left running: only a raise moves it on.
+    pub fn stopped_on_budget(&self) -> bool {
+        self.budget.as_ref().is_some_and(|b| b.paused) && self.jobs_pending == self.jobs_held
+    }
+
     pub fn of(s: &RunState) -> Self {
         RunSummary {
             v: API_VERSION,
@@ -132,6 +143,8 @@ impl RunSummary {
             created_at: Some(s.created_at),
             updated_at: Some(s.updated_at),
             finished_at: s.finished_at,
+            budget: s.budget.clone(),
+            jobs_held: s.held.len() as u64,
         }
     }
 }

@@ -97,6 +97,7 @@ async fn call_with(session: &Scripted) -> (Result<String, String>, Artifacts<'st
         blobs,
         prefix: "runs/r/verify/",
         written: Default::default(),
+        events: Vec::new(),
     };
     let evidence = Evidence::new(&art);
     let answer = call(session, Some(&evidence), &input()).await;

@@ -147,6 +147,7 @@ impl Runner {
             finished_at: self.clock.now(),
             container_seconds: 0.0,
             cached_from: Some(entry.from),
+            events: Vec::new(),
         })
     }
 

@@ -262,6 +262,7 @@ impl Runner {
             blobs: &self.blobs,
             prefix: &prefix,
             written: Default::default(),
+            events: Vec::new(),
         };
         let Executed {
             step,
@@ -289,6 +290,7 @@ impl Runner {
             finished_at: self.clock.now(),
             container_seconds,
             cached_from: None,
+            events: shared::tracking::events::bounded(art.events),
         };
         if let Some(key) = &key {
             self.keep(spec, exec, key, &result).await;

@@ -50,6 +50,7 @@ pub fn error_result(
         finished_at: ran.finished_at,
         container_seconds: 0.0,
         cached_from: None,
+        events: Vec::new(),
     }
 }
 

@@ -14,6 +14,7 @@ use crate::tools::ToolBox;
 use crate::{hardened, mutation, verify};
 use serde_json::{json, Value};
 use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
+use shared::features::events::{claims_events, gates_events, settle_events};
 use shared::graph::{GraphBundle, HarnessOp, NodeBody};
 use shared::messages::{AgentConfig, JobSpec, JobStatus, Usage};
 use shared::paths::normalize_relative;
@@ -271,11 +272,20 @@ impl Runner {
                             .await;
                         art.put_json(&format!("{}.json", op.name()), &step.output)
                             .await?;
+                        let now = chrono::Utc::now();
+                        art.events.extend(match op {
+                            HarnessOp::ExtractClaims => claims_events(&step.output, now),
+                            HarnessOp::SettleClaims => settle_events(&step.output, now),
+                            _ => Vec::new(),
+                        });
                         step
                     }
                     HarnessOp::RunGates => {
                         let session = session.expect("gates run in a container");
-                        hardened::run_gates(&spec.params, session, art).await?
+                        let step = hardened::run_gates(&spec.params, session, art).await?;
+                        art.events
+                            .extend(gates_events(&step.output, chrono::Utc::now()));
+                        step
                     }
                 };
                 Ok((step, Usage::default()))

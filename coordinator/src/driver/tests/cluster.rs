@@ -76,6 +76,7 @@ pub(super) fn result(spec: &JobSpec, status: JobStatus, output: Value) -> JobRes
         finished_at: at,
         container_seconds: 0.0,
         cached_from: None,
+        events: Vec::new(),
     }
 }
 

@@ -37,6 +37,7 @@ pub(super) fn job(
         container_seconds: 0.0,
         branch: None,
         cached_from: None,
+        events: Vec::new(),
     }
 }
 
@@ -68,6 +69,9 @@ pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome
         children: BTreeMap::new(),
         sibling_events: Vec::new(),
         mailboxes: BTreeMap::new(),
+        budget: None,
+        webhook: None,
+        held: Vec::new(),
     }
 }
 

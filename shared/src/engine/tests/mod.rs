@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
+mod budget;
 mod children;
 mod deadlines;
 mod factory_runs;
@@ -104,6 +105,7 @@ fn result(job: &JobId, attempt: Attempt, status: JobStatus, output: Value) -> Ev
             finished_at: time(1),
             container_seconds: 0.0,
             cached_from: None,
+            events: Vec::new(),
         }),
         at: time(0),
     }
