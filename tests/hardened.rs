@@ -252,5 +252,42 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     assert_eq!(result["exit"], "done", "{result}");
     assert_eq!(status["status"], "succeeded", "{status}");
     assert_eq!(status["quarantine"]["4"][0]["by"], "ana", "{status}");
+
+    // The event log says the same, from the harness's own steps: five claims, the two
+    // refused edits, the revert and the quarantine, a verification per settled claim.
+    let log = stack.get_text(&format!("/v1/runs/{run}/events")).await?;
+    let count = |kind: &str| {
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["event_type"] == kind)
+            .count()
+    };
+    assert_eq!(count("claim"), 5, "{log}");
+    assert_eq!(count("edit_refused"), 2, "{log}");
+    assert_eq!(count("revert"), 1, "{log}");
+    assert_eq!(count("quarantine"), 1, "{log}");
+    assert!(count("verification") >= 4, "{log}");
+    assert!(count("gate_pass") >= 1, "{log}");
+    assert!(
+        count("decision") >= 2,
+        "the approval and the quarantine's: {log}"
+    );
+    assert!(log.contains(r#""item":"4""#), "{log}");
+    // `fleet status` draws the seed's dashboard for this run.
+    let out = stack.cli(&["status", &run])?;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for want in [
+        "PROGRESS",
+        "4/4 (100%)",
+        "✓ syntax   ✗ changelog",
+        "Per verified test: $0.0000",
+        "revert rate 20%",
+    ] {
+        assert!(
+            out.stdout.contains(want),
+            "{want:?} missing:\n{}",
+            out.stdout
+        );
+    }
     Ok(())
 }
