@@ -11,18 +11,17 @@
 //! 3. bad input (cron, name, graph, webhook, a duplicate name, unknown schedules) is refused
 //!    naming what is wrong, and nothing is stored.
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use fleet_tests::stack::{
     base_env, example, fleet_bin, make_calc_repo, run_cli, s3_blobs, CliOutput, Stack, StackConfig,
 };
+use fleet_tests::webhook::{fake_webhook, header, Received};
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SECRET: &str = "s3cr3t-for-the-morning-report-0123456789";
@@ -303,40 +302,8 @@ async fn each_tick_fires_once_across_coordinators_and_once_on_recovery() -> anyh
     Ok(())
 }
 
-/// What the fake webhook received: headers, body and the status it answered.
-type Received = Arc<Mutex<Vec<(HeaderMap, Vec<u8>, u16)>>>;
-
-/// A webhook on 127.0.0.1 that answers 500 to the first POST and 200 after; its URL.
-async fn fake_webhook(received: Received) -> anyhow::Result<String> {
-    async fn hook(
-        State(r): State<Received>,
-        headers: HeaderMap,
-        body: axum::body::Bytes,
-    ) -> StatusCode {
-        let mut r = r.lock().unwrap();
-        let status = if r.is_empty() { 500 } else { 200 };
-        r.push((headers, body.to_vec(), status));
-        StatusCode::from_u16(status).unwrap()
-    }
-    let app = axum::Router::new()
-        .route("/hook/TOKEN", axum::routing::post(hook))
-        .with_state(received);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(format!("http://{addr}/hook/TOKEN"))
-}
-
-fn header<'a>(h: &'a HeaderMap, name: &str) -> &'a str {
-    h.get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-}
-
 /// The signature header is HMAC-SHA256 of the body under the secret, computed here.
-fn assert_signed(h: &HeaderMap, body: &[u8]) {
+fn assert_signed(h: &axum::http::HeaderMap, body: &[u8]) {
     let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
     mac.update(body);
     let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
@@ -346,7 +313,7 @@ fn assert_signed(h: &HeaderMap, body: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_morning_report_reaches_the_webhook_once_signed_after_a_retry() -> anyhow::Result<()> {
     let received: Received = Arc::default();
-    let url = fake_webhook(received.clone()).await?;
+    let url = fake_webhook(received.clone(), "/hook/TOKEN").await?;
     let mut stack = Stack::start_config(StackConfig {
         tag: "schedhook",
         workers: 1,

@@ -5,14 +5,13 @@
 //! it finishes with nothing redone. Each mark reaches the run's webhook signed, the first
 //! after a retry, and the delivery log shows every attempt. The event log has it all.
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use fleet_tests::fake_llm::{FakeLlm, ScriptedReply};
 use fleet_tests::stack::{make_calc_repo, Stack, StackConfig};
+use fleet_tests::webhook::{fake_webhook, header, Received};
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SECRET: &str = "a-secret-of-32-bytes-for-notices";
@@ -34,37 +33,6 @@ nodes:
   done: {kind: exit, status: work.ok}
 "#;
 
-type Received = Arc<Mutex<Vec<(HeaderMap, Vec<u8>, u16)>>>;
-
-/// A webhook on 127.0.0.1 answering 500 to the first POST and 200 after; its URL.
-async fn fake_webhook(received: Received) -> anyhow::Result<String> {
-    async fn hook(
-        State(r): State<Received>,
-        headers: HeaderMap,
-        body: axum::body::Bytes,
-    ) -> StatusCode {
-        let mut r = r.lock().unwrap();
-        let status = if r.is_empty() { 500 } else { 200 };
-        r.push((headers, body.to_vec(), status));
-        StatusCode::from_u16(status).unwrap()
-    }
-    let app = axum::Router::new()
-        .route("/notices", axum::routing::post(hook))
-        .with_state(received);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(format!("http://{addr}/notices"))
-}
-
-fn header<'a>(h: &'a HeaderMap, name: &str) -> &'a str {
-    h.get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-}
-
 fn events(stack: &Stack, run: &str, kind: &str) -> anyhow::Result<Vec<Value>> {
     let out = stack.cli(&["events", run, "--type", kind])?;
     anyhow::ensure!(out.code == 0, "{}", out.stderr);
@@ -83,7 +51,7 @@ async fn a_run_pauses_at_its_budget_and_resumes_when_raised_with_signed_notices(
     };
     let llm = FakeLlm::start((0..5).map(|_| submit()).collect()).await?;
     let received: Received = Arc::default();
-    let hook = fake_webhook(received.clone()).await?;
+    let hook = fake_webhook(received.clone(), "/notices").await?;
     let stack = Stack::start_config(StackConfig {
         tag: "budget",
         worker_env: &[

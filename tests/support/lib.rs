@@ -6,3 +6,4 @@ pub mod fake_llm;
 pub mod private_redis;
 pub mod stack;
 pub mod submit;
+pub mod webhook;
