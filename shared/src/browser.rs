@@ -277,3 +277,21 @@ pub fn input_schema() -> Value {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether a failed call may be run again: no action that can change the app's state (a
+/// click, typing, a key press) reached the page. `fleet-browser` marks each action it
+/// dispatched input for as `acted`; an effectful action without the mark that was not skipped
+/// counts as acted.
+pub fn replay_safe(result: &Value) -> bool {
+    let Some(actions) = result.get("actions").and_then(Value::as_array) else {
+        return true;
+    };
+    !actions.iter().any(|a| match a.get("acted") {
+        Some(Value::Bool(acted)) => *acted,
+        _ => {
+            let kind = a.get("action").and_then(Value::as_str).unwrap_or_default();
+            let skipped = a.get("error").and_then(Value::as_str) == Some("skipped");
+            matches!(kind, "click" | "type" | "press") && !skipped
+        }
+    })
+}

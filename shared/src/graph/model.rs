@@ -6,7 +6,8 @@
 use super::raw::RawGraph;
 use super::CheckError;
 use super::{
-    Claims, Crosstalk, Incremental, QuarantineDef, Route, Stuck, Tool, WorktreeUse, Writes,
+    Claims, Crosstalk, Incremental, QuarantineDef, Route, Stuck, Tool, ToolPolicy, WorktreeUse,
+    Writes,
 };
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -219,6 +220,9 @@ pub struct AgentBody {
     pub incremental: Option<Incremental>,
     /// Messages to other agents' sessions after each invocation that committed something.
     pub crosstalk: Vec<Crosstalk>,
+    /// Seed 004's tool profile and retry strategy (none: every tool offered, the seed's
+    /// strategies).
+    pub tool_policy: Option<ToolPolicy>,
 }
 
 /// A spawn node: child runs of the same graph, one per item.

@@ -233,3 +233,28 @@ pub struct QuarantineDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<NodeId>,
 }
+
+/// Seed 004's tool policy of an agent node: its tool profile (checked in the container before
+/// the agent starts; `auto` detects it from the spec: the node's `spec` parameter, else the
+/// run input's `spec`, else the node's prompt) and, optionally, a retry
+/// strategy replacing the seed's for the retriable error classes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolPolicy {
+    /// One of the seed's profiles (`web_app`, `api_backend`, `cli_tool`, `static_site`,
+    /// `python_app`) or `auto`.
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<crate::resilience::RetryConfig>,
+}
+
+impl ToolPolicy {
+    /// The profile, `auto` detected from `spec`.
+    pub fn resolve(&self, spec: &str) -> &'static crate::resilience::ToolProfile {
+        let name = match self.profile.as_str() {
+            "auto" => crate::resilience::detect_project_type(spec),
+            name => name,
+        };
+        crate::resilience::profile(name)
+    }
+}

@@ -5,7 +5,8 @@
 
 use super::{
     AgentBody, Claims, Crosstalk, Defaults, GitOp, Graph, HarnessOp, Incremental, Node, NodeBody,
-    NodeKind, QuarantineDef, Route, SpawnBody, SpawnWait, Stuck, Tool, WorktreeUse, Writes,
+    NodeKind, QuarantineDef, Route, SpawnBody, SpawnWait, Stuck, Tool, ToolPolicy, WorktreeUse,
+    Writes,
 };
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -122,6 +123,9 @@ pub struct RawNode {
     /// Messages to other agents' sessions after each invocation that committed something.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub crosstalk: Vec<Crosstalk>,
+    /// Seed 004's tool profile and retry strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_policy: Option<ToolPolicy>,
 
     // join
     #[serde(default)]
@@ -253,7 +257,8 @@ fn owners(field: &str) -> &'static [NodeKind] {
         | "nudge_after_seconds"
         | "claims"
         | "incremental"
-        | "crosstalk" => &[Agent],
+        | "crosstalk"
+        | "tool_policy" => &[Agent],
         "commands" => &[Command],
         "op" => &[Harness, Git],
         "wait_for" => &[Join],
@@ -295,6 +300,7 @@ impl RawNode {
             ("claims", self.claims.is_some()),
             ("incremental", self.incremental.is_some()),
             ("crosstalk", !self.crosstalk.is_empty()),
+            ("tool_policy", self.tool_policy.is_some()),
             ("commands", !self.commands.is_empty()),
             ("op", self.op.is_some()),
             ("wait_for", !self.wait_for.is_empty()),
@@ -351,6 +357,7 @@ impl RawNode {
                 claims: self.claims,
                 incremental: self.incremental,
                 crosstalk: self.crosstalk,
+                tool_policy: self.tool_policy,
             })),
             NodeKind::Command => {
                 if self.commands.is_empty() {
@@ -498,6 +505,7 @@ impl From<Node> for RawNode {
             claims: None,
             incremental: None,
             crosstalk: Vec::new(),
+            tool_policy: None,
             wait_for: Vec::new(),
             over: None,
             body: None,
@@ -520,6 +528,7 @@ impl From<Node> for RawNode {
                 raw.claims = a.claims;
                 raw.incremental = a.incremental;
                 raw.crosstalk = a.crosstalk;
+                raw.tool_policy = a.tool_policy;
             }
             NodeBody::Command { commands } => raw.commands = commands,
             NodeBody::Harness { op } => raw.op = Some(op.name().to_string()),

@@ -5,7 +5,7 @@
 
 use super::{schema_check, RESERVED, WORKER_VARS};
 use crate::expr;
-use crate::graph::{GraphBundle, Node, NodeBody, NodeKind};
+use crate::graph::{GraphBundle, Node, NodeBody, NodeKind, Tool, ToolPolicy};
 use crate::ids::NodeId;
 use std::collections::BTreeSet;
 
@@ -278,6 +278,11 @@ pub(super) fn check_node(
                     e2("crosstalk", e.to_string());
                 }
             }
+            if let Some(policy) = &agent.tool_policy {
+                for (field, problem) in tool_policy_problems(policy, &agent.tools) {
+                    e2(field, problem);
+                }
+            }
             if let Some(claims) = &agent.claims {
                 if !crate::graph::claims_languages().contains(&claims.language.as_str()) {
                     e2(
@@ -378,3 +383,48 @@ pub(super) fn check_node(
 pub(super) fn valid_event_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
+
+/// A tool policy names a known profile (or `auto`), does not offer the browser under a
+/// profile without one, and bounds its retries (a retry strategy cannot stall a job).
+fn tool_policy_problems(policy: &ToolPolicy, tools: &[Tool]) -> Vec<(&'static str, String)> {
+    use crate::resilience::{profile, PROFILE_NAMES};
+    let mut out = Vec::new();
+    let name = policy.profile.as_str();
+    if name != "auto" && !PROFILE_NAMES.contains(&name) {
+        out.push((
+            "tool_policy.profile",
+            format!(
+                "unknown profile `{name}` (one of {}, or auto)",
+                PROFILE_NAMES.join(", ")
+            ),
+        ));
+    } else if name != "auto" && tools.contains(&Tool::Browser) && !profile(name).browser {
+        out.push((
+            "tool_policy.profile",
+            format!("profile `{name}` offers no browser, yet the node lists the browser tool"),
+        ));
+    }
+    if let Some(retry) = &policy.retry {
+        if !(1..=MAX_TOOL_ATTEMPTS).contains(&retry.max_attempts) {
+            out.push((
+                "tool_policy.retry.max_attempts",
+                format!("must be from 1 to {MAX_TOOL_ATTEMPTS}"),
+            ));
+        }
+        if retry.backoff_seconds.is_empty()
+            || retry
+                .backoff_seconds
+                .iter()
+                .any(|s| *s > MAX_TOOL_BACKOFF_SECONDS)
+        {
+            out.push((
+                "tool_policy.retry.backoff_seconds",
+                format!("one or more waits, each at most {MAX_TOOL_BACKOFF_SECONDS} seconds"),
+            ));
+        }
+    }
+    out
+}
+
+const MAX_TOOL_ATTEMPTS: u32 = 10;
+const MAX_TOOL_BACKOFF_SECONDS: u64 = 60;

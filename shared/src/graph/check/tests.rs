@@ -199,3 +199,40 @@ fn a_git_directory_holds_base_and_committing_nodes_only() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn a_tool_policy_names_a_known_profile_that_offers_the_tools_listed() {
+    let with = |policy: &str, tools: &str| {
+        OK.replace(
+            "    max_visits: 3\n",
+            &format!("    max_visits: 3\n    tools: {tools}\n    tool_policy: {policy}\n"),
+        )
+    };
+    assert_eq!(load(&with("{profile: python_app}", "[browser]")), Ok(()));
+    assert_eq!(load(&with("{profile: auto}", "[browser]")), Ok(()));
+    let errs = load(&with("{profile: api_backend}", "[read_file, browser]")).unwrap_err();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("tool_policy.profile") && e.contains("offers no browser")),
+        "{errs:?}"
+    );
+    let errs = load(&with("{profile: rails_app}", "[read_file]")).unwrap_err();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("unknown profile `rails_app`")),
+        "{errs:?}"
+    );
+    let stalling = "{profile: cli_tool, retry: {max_attempts: 1000, backoff_seconds: [3600]}}";
+    let errs = load(&with(stalling, "[read_file]")).unwrap_err();
+    assert!(
+        errs.iter().any(|e| e.contains("retry.max_attempts"))
+            && errs.iter().any(|e| e.contains("retry.backoff_seconds")),
+        "{errs:?}"
+    );
+    let errs = load(&OK.replace(
+        "  done:\n    kind: exit\n",
+        "  done:\n    kind: exit\n    tool_policy: {profile: web_app}\n",
+    ))
+    .unwrap_err();
+    assert!(errs.iter().any(|e| e.contains("tool_policy")), "{errs:?}");
+}
