@@ -2,15 +2,16 @@
 # Builds an agent image locally (no registry here): a Debian minbase root file system made by
 # debootstrap with the image's packages, imported into Docker, then the command agents of
 # images/agents/ copied into /usr/local/bin as a layer of their own. Cached by tag; the agents'
-# layer is made again whenever images/agents/ changes (the image's `fleet.agents` label).
+# layer is made again whenever images/agents/ changes (the image's `fleet.agents` label), the whole
+# image when its package list changes (`fleet.packages`).
 #
 # The tag names the toolchain (its name before the `:`):
-#   fleet-agent-py  python3, pytest, git
+#   fleet-agent-py  python3, pip, pytest, git
 #   fleet-agent-hs  ghc with QuickCheck (Debian's libghc-quickcheck2-dev), git; python3 for the
 #                   command agents of images/agents/. QuickCheck's own dependencies random and
 #                   splitmix are named too: Debian's Haskell packages depend on virtual names
 #                   (`libghc-random-dev-1.2.1.1-f840d`) that debootstrap's resolver cannot follow.
-#   fleet-agent-web python3, headless chromium (driven by images/agents/fleet-browser over the
+#   fleet-agent-web python3, pip, headless chromium (driven by images/agents/fleet-browser over the
 #                   DevTools pipe), git; fonts-dejavu-core so screenshots show text; dbus-x11 names
 #                   a provider of the virtual dbus-session-bus that GTK's dconf needs (the same
 #                   resolver limit as above).
@@ -18,9 +19,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE="${1:-fleet-agent-py:1}"
 case "${IMAGE%%:*}" in
-  fleet-agent-py) PACKAGES="python3,python3-pytest,git,ca-certificates" ;;
+  fleet-agent-py) PACKAGES="python3,python3-pytest,python3-pip,git,ca-certificates" ;;
   fleet-agent-hs) PACKAGES="ghc,libghc-quickcheck2-dev,libghc-random-dev,libghc-splitmix-dev,python3,git,ca-certificates" ;;
-  fleet-agent-web) PACKAGES="python3,chromium,dbus-x11,fonts-dejavu-core,git,ca-certificates" ;;
+  fleet-agent-web) PACKAGES="python3,python3-pip,chromium,dbus-x11,fonts-dejavu-core,git,ca-certificates" ;;
   *) echo "[image] no package list for $IMAGE (known: fleet-agent-py, fleet-agent-hs, fleet-agent-web)" >&2; exit 2 ;;
 esac
 AGENTS_HASH="$(cd images/agents && find . -type f | sort | xargs sha256sum | sha256sum | cut -c1-16)"
@@ -35,6 +36,14 @@ add_agents() {
   echo "[image] command agents $AGENTS_HASH added to $IMAGE"
 }
 
+PACKAGES_HASH="$(echo "$PACKAGES" | sha256sum | cut -c1-16)"
+if docker image inspect "$IMAGE" >/dev/null 2>&1; then
+  built="$(docker image inspect -f '{{index .Config.Labels "fleet.packages"}}' "$IMAGE" 2>/dev/null || true)"
+  if [ "$built" != "$PACKAGES_HASH" ]; then
+    echo "[image] $IMAGE was built from other packages; building it again"
+    docker rmi -f "$IMAGE" >/dev/null
+  fi
+fi
 if docker image inspect "$IMAGE" >/dev/null 2>&1; then
   have="$(docker image inspect -f '{{index .Config.Labels "fleet.agents"}}' "$IMAGE" 2>/dev/null || true)"
   if [ "$have" = "$AGENTS_HASH" ]; then
@@ -58,6 +67,7 @@ if ! debootstrap --variant=minbase --include="$PACKAGES" \
 fi
 [ -e "$ROOTFS/usr/bin/python3" ] && ln -sf python3 "$ROOTFS/usr/bin/python"
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb
-tar -C "$ROOTFS" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$IMAGE" >/dev/null
+tar -C "$ROOTFS" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  -c "LABEL fleet.packages=$PACKAGES_HASH" - "$IMAGE" >/dev/null
 echo "[image] built $IMAGE"
 add_agents

@@ -7,8 +7,10 @@
 use crate::blobs::{BlobError, Blobs};
 use crate::harness::Artifacts;
 use crate::sandbox::Session;
+use crate::tools::Failure;
 use serde_json::{json, Value};
 use shared::browser::{self, BrowserRequest};
+use shared::resilience::ToolErrorType;
 use shared::text;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -72,15 +74,28 @@ impl Evidence {
     }
 }
 
-/// Runs one browser call. `Err` is a message for the agent (bad input, a missing browser, a
-/// broken answer), never a job failure.
+/// Runs one browser call. `Err` is a failed call for the resilient executor: input refused
+/// here (its class known), a browser that is missing or broke, or a page that failed (the
+/// browser's own error, classified by the seed's table; run again only when no action that
+/// can change the app's state — a click, typing, a key — had been done).
 pub async fn call(
     session: &dyn Session,
     evidence: Option<&Evidence>,
     input: &Value,
-) -> Result<String, String> {
-    let request = browser::validate(input).map_err(|e| e.to_string())?;
-    let evidence = evidence.ok_or("the browser tool cannot keep screenshots in this step")?;
+) -> Result<String, Failure> {
+    let request = browser::validate(input).map_err(|e| {
+        let kind = match e {
+            browser::BrowserInputError::Url { .. } => ToolErrorType::Permission,
+            _ => ToolErrorType::InvalidInput,
+        };
+        Failure::known(kind, e.to_string())
+    })?;
+    let evidence = evidence.ok_or_else(|| {
+        Failure::known(
+            ToolErrorType::Capability,
+            "the browser tool cannot keep screenshots in this step",
+        )
+    })?;
     let n = {
         let mut book = evidence.store.lock().await;
         book.calls += 1;
@@ -94,21 +109,24 @@ pub async fn call(
     let out = session
         .exec(&["fleet-browser".to_string()], Some(stdin), timeout)
         .await
-        .map_err(|e| format!("the browser could not run: {e}"))?;
+        .map_err(|e| Failure::sandbox(e, false))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.exit_code == 126 || out.exit_code == 127 {
-        return Err("fleet-browser is not installed in this node's image (use an image built with images/agents/, such as fleet-agent-web:1)".into());
+        return Err(Failure::known(ToolErrorType::NotInstalled, "fleet-browser is not installed in this node's image (use an image built with images/agents/, such as fleet-agent-web:1)"));
     }
     let last = stdout.lines().rev().find(|l| !l.trim().is_empty());
     let mut result: Value = match last.map(serde_json::from_str::<Value>) {
         Some(Ok(v)) if v.is_object() => v,
         _ => {
-            return Err(format!(
-                "the browser gave no answer (exit code {}{}): {}",
-                out.exit_code,
-                if out.timed_out { ", timed out" } else { "" },
-                text::tail(&stderr, 10, 1000)
+            return Err(Failure::unknown(
+                format!(
+                    "the browser gave no answer (exit code {}{}): {}",
+                    out.exit_code,
+                    if out.timed_out { ", timed out" } else { "" },
+                    text::tail(&stderr, 10, 1000)
+                ),
+                false,
             ))
         }
     };
@@ -117,7 +135,10 @@ pub async fn call(
             .get("error")
             .and_then(Value::as_str)
             .unwrap_or("no reason");
-        return Err(format!("the browser refused the request: {why}"));
+        return Err(Failure::known(
+            ToolErrorType::InvalidInput,
+            format!("the browser refused the request: {why}"),
+        ));
     }
     keep_screenshots(session, evidence, &request, &dir, &mut result).await;
     let mut book = evidence.store.lock().await;
@@ -126,8 +147,24 @@ pub async fn call(
             .push(json!({"call": n, "input": input, "result": result}));
     }
     drop(book);
-    let answer = serde_json::to_string_pretty(&result).expect("json serializes");
-    Ok(text::head(&answer, MAX_ANSWER))
+    let answer = text::head(
+        &serde_json::to_string_pretty(&result).expect("json serializes"),
+        MAX_ANSWER,
+    );
+    match result.get("ok") {
+        Some(Value::Bool(false)) => {
+            let error = result
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the browser call failed")
+                .to_string();
+            Err(Failure {
+                detail: Some(answer),
+                ..Failure::unknown(error, browser::replay_safe(&result))
+            })
+        }
+        _ => Ok(answer),
+    }
 }
 
 /// Reads each screenshot the call reports out of the container and keeps it; the action's

@@ -8,7 +8,7 @@ use super::openai::OpenAi;
 use super::provider::{ChatApi, Endpoint};
 use super::{AgentJob, NUDGE};
 use crate::sandbox::{ExecOutput, Mounts, SandboxError, Session};
-use crate::tools::ToolBox;
+use crate::tools::{Journal, ToolBox, NO_RETRY};
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use shared::graph::Tool;
@@ -220,6 +220,8 @@ async fn converse<A: Wire>(api: &A, case: Case, replies: Vec<Result<Value, LlmEr
             allowed: &[Tool::ReadFile, Tool::ListDir],
             command_timeout: Duration::from_secs(1),
             evidence: None,
+            journal: &Journal::default(),
+            retry: Some(&NO_RETRY),
         },
         inbox: None,
         invocation: None,
@@ -522,6 +524,8 @@ async fn a_scripted_step_answers_only_the_jobs_its_when_matches() {
                     allowed: &[],
                     command_timeout: Duration::from_secs(1),
                     evidence: None,
+                    journal: &Journal::default(),
+                    retry: Some(&NO_RETRY),
                 },
                 inbox: None,
                 invocation: None,

@@ -100,7 +100,9 @@ async fn call_with(session: &Scripted) -> (Result<String, String>, Artifacts<'st
         events: Vec::new(),
     };
     let evidence = Evidence::new(&art);
-    let answer = call(session, Some(&evidence), &input()).await;
+    let answer = call(session, Some(&evidence), &input())
+        .await
+        .map_err(|f| f.error);
     evidence.flush(&mut art).await.unwrap();
     (answer, art)
 }
@@ -171,9 +173,13 @@ async fn bad_input_runs_nothing_and_a_broken_answer_is_an_error() {
         seen: Mutex::new(Vec::new()),
     };
     let evidence_less = call(&session, None, &json!({"url": "http://10.0.0.1/"})).await;
-    assert!(evidence_less
-        .unwrap_err()
-        .contains("only 127.0.0.1 and localhost"));
+    let refused = evidence_less.unwrap_err();
+    assert!(refused.error.contains("only 127.0.0.1 and localhost"));
+    assert_eq!(
+        refused.known,
+        Some(shared::resilience::ToolErrorType::Permission),
+        "a page off the loopback is a policy refusal"
+    );
     assert!(
         session.seen.lock().unwrap().is_empty(),
         "refused before anything ran"

@@ -33,6 +33,9 @@ pub(super) struct Sessions<'a> {
     pub spec: &'a JobSpec,
     pub plan: &'a LoopSpec,
     pub tools: &'a [Tool],
+    /// Where the tool calls' events go, and the node's retry strategy.
+    pub journal: &'a crate::tools::Journal,
+    pub retry: Option<&'a shared::resilience::RetryConfig>,
     /// The first invocation's prompt (the node's template, rendered).
     pub prompt: String,
     pub schema: &'a Value,
@@ -212,6 +215,8 @@ impl Runner {
                     allowed: s.tools,
                     command_timeout: Duration::from_secs(120).min(s.timeout),
                     evidence: Some(&evidence),
+                    journal: s.journal,
+                    retry: s.retry,
                 },
                 inbox: Some(&inbox),
                 invocation: Some(n),

@@ -31,6 +31,7 @@ mod error;
 mod execute;
 mod execution;
 mod incremental;
+mod preflight;
 mod resources;
 mod results;
 mod step;

@@ -2,6 +2,7 @@
 //! checked against disk), commands, a harness op (patch, verification, tests, build, mutants,
 //! skeleton) or a git step. What it returns is the job's outcome and usage.
 
+use super::preflight::{preflight, Preflight};
 use super::{RunError, Runner};
 use crate::agent::command::CommandJob;
 use crate::agent::gateway::Gateway;
@@ -10,7 +11,7 @@ use crate::browser::Evidence;
 use crate::git::Worktree;
 use crate::harness::{self, Artifacts, StepOutcome};
 use crate::sandbox::Session;
-use crate::tools::ToolBox;
+use crate::tools::{Journal, ToolBox};
 use crate::{hardened, mutation, verify};
 use serde_json::{json, Value};
 use shared::factory::{MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES};
@@ -95,6 +96,30 @@ impl Runner {
                     Some(key) => Some(self.blobs.get_json::<Value>(key).await?),
                     None => None,
                 };
+                let journal = Journal::default();
+                let spec_text = [&spec.params["spec"], &spec.vars["input"]["spec"]]
+                    .into_iter()
+                    .find_map(Value::as_str)
+                    .unwrap_or(&prompt);
+                let allowed = match preflight(agent_node, spec_text, session, &journal)
+                    .await
+                    .map_err(RunError::Transient)?
+                {
+                    Preflight::Ready(tools) => tools,
+                    Preflight::Missing(why) => {
+                        art.events.extend(journal.take());
+                        let step = StepOutcome {
+                            status: JobStatus::Error,
+                            output: Value::Null,
+                            error: Some(why),
+                        };
+                        return Ok((step, Usage::default()));
+                    }
+                };
+                let retry = agent_node
+                    .tool_policy
+                    .as_ref()
+                    .and_then(|p| p.retry.as_ref());
                 if let Some(plan) = &spec.incremental {
                     let wt = wt.ok_or_else(no_worktree)?;
                     if matches!(spec.agent, AgentConfig::Command(_)) {
@@ -105,14 +130,18 @@ impl Runner {
                     let sessions = super::incremental::Sessions {
                         spec,
                         plan,
-                        tools: &agent_node.tools,
+                        tools: &allowed,
+                        journal: &journal,
+                        retry,
                         prompt,
                         schema: &schema,
                         session,
                         wt,
                         timeout,
                     };
-                    let out = self.incremental(sessions, prior, art).await?;
+                    let out = self.incremental(sessions, prior, art).await;
+                    art.events.extend(journal.take());
+                    let out = out?;
                     return self.agent_done(agent_node, spec, wt, out, art).await;
                 }
                 let evidence = Evidence::new(art);
@@ -125,9 +154,11 @@ impl Runner {
                     schema: &schema,
                     tools: ToolBox {
                         session,
-                        allowed: &agent_node.tools,
+                        allowed: &allowed,
                         command_timeout: Duration::from_secs(120).min(timeout),
                         evidence: Some(&evidence),
+                        journal: &journal,
+                        retry,
                     },
                     inbox: None,
                     invocation: None,
@@ -151,6 +182,7 @@ impl Runner {
                     _ => agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await,
                 };
                 evidence.flush(art).await?;
+                art.events.extend(journal.take());
                 match wt {
                     Some(wt) => self.agent_done(agent_node, spec, wt, out, art).await,
                     None => agent_output(out, art).await,

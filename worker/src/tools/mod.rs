@@ -1,13 +1,21 @@
 //! Agent tools, executed inside the job's container through the sandbox session. Paths are
 //! checked before anything runs: a path that escapes the worktree is an error, never a read.
+//! Every call goes through seed 004's resilient executor (`resilient.rs`): a failure is
+//! classified (by its known cause, or by the seed's signal table when the cause is unknown),
+//! retried per its class when running it again is safe, and recorded as events.
+
+mod resilient;
 
 use crate::browser::Evidence;
 use crate::sandbox::Session;
 use serde_json::{json, Value};
 use shared::graph::Tool;
 use shared::paths::normalize_relative;
+use shared::resilience::{RetryConfig, ToolErrorType};
 use shared::text;
 use std::time::Duration;
+
+pub use resilient::Journal;
 
 const MAX_TOOL_OUTPUT: usize = 50_000;
 
@@ -17,6 +25,66 @@ pub struct ToolBox<'a> {
     pub command_timeout: Duration,
     /// Where the `browser` tool keeps its screenshots and log (none: the tool refuses).
     pub evidence: Option<&'a Evidence>,
+    /// Where the calls' `tool_use`, `tool_error` and `tool_retry` events go.
+    pub journal: &'a Journal,
+    /// Replaces the seed's strategy for the retriable classes (the node's tool policy).
+    pub retry: Option<&'a RetryConfig>,
+}
+
+/// Why one attempt of a call failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    /// The class, when the harness knows the cause (it refused the input itself, or the tool
+    /// answered about the input); `None`: classified by the seed's table from `error`.
+    pub known: Option<ToolErrorType>,
+    pub error: String,
+    /// What the tool answered besides the error (the browser's outcome of each action).
+    pub detail: Option<String>,
+    /// Whether running the call again is safe (nothing it did can have taken effect).
+    pub replayable: bool,
+}
+
+impl Failure {
+    pub fn known(kind: ToolErrorType, error: impl Into<String>) -> Failure {
+        Failure {
+            known: Some(kind),
+            error: error.into(),
+            detail: None,
+            replayable: false,
+        }
+    }
+
+    fn invalid(error: impl Into<String>) -> Failure {
+        Failure::known(ToolErrorType::InvalidInput, error)
+    }
+
+    /// The container could not run the call: the class the sandbox knows (the engine busy or
+    /// unreachable, a missing image, a refused request), otherwise classified by its message.
+    pub fn sandbox(e: crate::sandbox::SandboxError, replayable: bool) -> Failure {
+        use crate::sandbox::SandboxError as E;
+        let known = match &e {
+            E::Engine {
+                transient: true, ..
+            } => Some(ToolErrorType::Transient),
+            E::MissingImage(_) => Some(ToolErrorType::NotInstalled),
+            E::Refused(_) => Some(ToolErrorType::Permission),
+            E::Engine { .. } | E::Io(_) | E::Other(_) => None,
+        };
+        Failure {
+            known,
+            ..Failure::unknown(e.to_string(), replayable)
+        }
+    }
+
+    /// A failure of unknown cause (the container, the browser).
+    pub fn unknown(error: impl Into<String>, replayable: bool) -> Failure {
+        Failure {
+            known: None,
+            error: error.into(),
+            detail: None,
+            replayable,
+        }
+    }
 }
 
 /// A tool definition in neutral form: name, description and JSON schema of its input.
@@ -81,15 +149,17 @@ pub fn definition(tool: Tool) -> ToolDef {
     }
 }
 
-fn arg<'v>(input: &'v Value, key: &str) -> Result<&'v str, String> {
+fn arg<'v>(input: &'v Value, key: &str) -> Result<&'v str, Failure> {
     input
         .get(key)
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("missing string argument `{key}`"))
+        .ok_or_else(|| Failure::invalid(format!("missing string argument `{key}`")))
 }
 
-fn safe_path(input: &Value, key: &str) -> Result<String, String> {
-    normalize_relative(arg(input, key)?).map_err(|e| e.to_string())
+/// A path argument: one that escapes the worktree is refused (a permission error).
+fn safe_path(input: &Value, key: &str) -> Result<String, Failure> {
+    normalize_relative(arg(input, key)?)
+        .map_err(|e| Failure::known(ToolErrorType::Permission, e.to_string()))
 }
 
 impl ToolBox<'_> {
@@ -101,11 +171,20 @@ impl ToolBox<'_> {
         self.allowed.iter().copied().find(|t| tool_name(*t) == name)
     }
 
-    /// Runs one tool call. `Err` is a message for the agent (a failed tool), not a job failure.
+    /// Runs one tool call through the resilient executor. `Err` is a message for the agent (a
+    /// failed tool, with its class and the seed's hint), not a job failure.
     pub async fn call(&self, name: &str, input: &Value) -> Result<String, String> {
-        let tool = self
-            .allowed(name)
-            .ok_or_else(|| format!("tool `{name}` is not available to this node"))?;
+        resilient::execute(self, name, input).await
+    }
+
+    /// One attempt of a call.
+    async fn attempt(&self, name: &str, input: &Value) -> Result<String, Failure> {
+        let tool = self.allowed(name).ok_or_else(|| {
+            Failure::known(
+                ToolErrorType::Permission,
+                format!("tool `{name}` is not available to this node"),
+            )
+        })?;
         match tool {
             Tool::ReadFile => {
                 let path = safe_path(input, "path")?;
@@ -131,19 +210,26 @@ impl ToolBox<'_> {
                 let current = self.run(&["cat", "--", &path], None).await?;
                 match current.matches(old).count() {
                     1 => {
+                        // Replacing again after a write that failed half-way is not safe.
                         self.write(&path, current.replacen(old, new, 1).into_bytes())
-                            .await?;
+                            .await
+                            .map_err(|f| Failure {
+                                replayable: false,
+                                ..f
+                            })?;
                         Ok(format!("edited {path}"))
                     }
-                    0 => Err(format!("old_text not found in {path}")),
-                    n => Err(format!(
+                    0 => Err(Failure::invalid(format!("old_text not found in {path}"))),
+                    n => Err(Failure::invalid(format!(
                         "old_text occurs {n} times in {path}; make it unique"
-                    )),
+                    ))),
                 }
             }
             Tool::Browser => crate::browser::call(self.session, self.evidence, input).await,
             Tool::RunCommand => {
                 let command = arg(input, "command")?;
+                // A command that ran is an answer whatever its exit code; only a container
+                // that could not run it fails, and the command is never run twice.
                 let out = self
                     .session
                     .exec(
@@ -152,7 +238,7 @@ impl ToolBox<'_> {
                         self.command_timeout,
                     )
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Failure::sandbox(e, false))?;
                 Ok(format!(
                     "exit code: {}{}\nstdout:\n{}\nstderr:\n{}",
                     out.exit_code,
@@ -173,157 +259,57 @@ impl ToolBox<'_> {
     }
 
     /// Writes a file through the container (creating folders), as the agent's own user.
-    pub async fn write(&self, path: &str, bytes: Vec<u8>) -> Result<(), String> {
+    pub async fn write(&self, path: &str, bytes: Vec<u8>) -> Result<(), Failure> {
         let script = "mkdir -p -- \"$(dirname -- \"$1\")\" && cat > \"$1\"";
-        self.run(&["sh", "-c", script, "sh", path], Some(bytes))
+        let out = self
+            .session
+            .exec(
+                &["sh", "-c", script, "sh", path].map(String::from),
+                Some(bytes),
+                self.command_timeout,
+            )
             .await
-            .map(|_| ())
+            // Writing the same bytes again is safe.
+            .map_err(|e| Failure::sandbox(e, true))?;
+        if out.exit_code != 0 {
+            // The shell's own message (a folder in the way, a read-only file): the seed's table.
+            return Err(Failure::unknown(exit_message(&out), true));
+        }
+        Ok(())
     }
 
-    async fn run(&self, argv: &[&str], stdin: Option<Vec<u8>>) -> Result<String, String> {
+    /// Reads through a command; a nonzero exit is the tool's answer about the input.
+    async fn run(&self, argv: &[&str], stdin: Option<Vec<u8>>) -> Result<String, Failure> {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let out = self
             .session
             .exec(&argv, stdin, self.command_timeout)
             .await
-            .map_err(|e| e.to_string())?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            .map_err(|e| Failure::sandbox(e, true))?;
         if out.exit_code != 0 {
-            return Err(format!(
-                "exit code {}: {}",
-                out.exit_code,
-                text::tail(&String::from_utf8_lossy(&out.stderr), 20, 2000)
-            ));
+            return Err(Failure::invalid(exit_message(&out)));
         }
-        Ok(text::head(&stdout, MAX_TOOL_OUTPUT))
+        Ok(text::head(
+            &String::from_utf8_lossy(&out.stdout),
+            MAX_TOOL_OUTPUT,
+        ))
     }
+}
+
+fn exit_message(out: &crate::sandbox::ExecOutput) -> String {
+    format!(
+        "exit code {}: {}",
+        out.exit_code,
+        text::tail(&String::from_utf8_lossy(&out.stderr), 20, 2000)
+    )
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::agent::llm::tests::{arb_json, arb_text, cases, timed, CASE_LIMIT};
-    use crate::sandbox::{ExecOutput, Mounts, SandboxError};
-    use async_trait::async_trait;
-    use proptest::prelude::*;
-    use std::sync::Mutex;
+mod tests;
 
-    /// A session that records every argv and answers with canned output.
-    struct Canned {
-        out: ExecOutput,
-        seen: Mutex<Vec<Vec<String>>>,
-    }
-
-    #[async_trait]
-    impl Session for Canned {
-        async fn exec(
-            &self,
-            argv: &[String],
-            _stdin: Option<Vec<u8>>,
-            _timeout: Duration,
-        ) -> Result<ExecOutput, SandboxError> {
-            self.seen.lock().unwrap().push(argv.to_vec());
-            Ok(self.out.clone())
-        }
-        async fn remove(&self) -> Result<(), SandboxError> {
-            Ok(())
-        }
-        fn mounts(&self) -> Mounts {
-            Mounts {
-                work: "/work".into(),
-                harness: None,
-                gateway: None,
-            }
-        }
-        async fn kill_strays(&self) -> Result<(), SandboxError> {
-            Ok(())
-        }
-        fn isolated(&self) -> bool {
-            true
-        }
-    }
-
-    const ALL: [Tool; 6] = [
-        Tool::ReadFile,
-        Tool::ListDir,
-        Tool::WriteFile,
-        Tool::EditFile,
-        Tool::RunCommand,
-        Tool::Browser,
-    ];
-
-    /// Tool arguments: mostly objects with the tools' keys holding paths and text of any kind
-    /// (or values of the wrong type), sometimes any JSON at all.
-    fn arb_input() -> impl Strategy<Value = Value> {
-        let path = prop_oneof![
-            arb_text(),
-            "[a./\\\\:C ]{0,12}",
-            prop::sample::select(vec!["..", "../x", "/etc/passwd", "a/../../b", "C:x", "."])
-                .prop_map(str::to_string),
-        ];
-        let value = prop_oneof![
-            4 => path.prop_map(Value::from),
-            1 => arb_json(),
-        ];
-        let keys = prop::sample::subsequence(
-            vec!["path", "content", "old_text", "new_text", "command"],
-            0..=5,
-        );
-        let shaped = (keys, prop::collection::vec(value, 5)).prop_map(|(keys, values)| {
-            Value::Object(keys.into_iter().map(str::to_string).zip(values).collect())
-        });
-        prop_oneof![4 => shaped, 1 => arb_json()]
-    }
-
-    proptest! {
-        #![proptest_config(cases(256))]
-
-        #[test]
-        fn any_tool_call_is_answered_and_never_leaves_the_worktree(
-            name in prop_oneof![
-                4 => prop::sample::select(ALL.to_vec()).prop_map(tool_name),
-                1 => Just("submit"),
-            ],
-            allowed in prop::sample::subsequence(ALL.to_vec(), 0..=6),
-            input in arb_input(),
-            stdout in prop_oneof![arb_text(), "(ab|a|b|\\\\PC){0,40}"],
-            exit_code in prop_oneof![Just(0i64), any::<i64>()],
-            timed_out in any::<bool>(),
-        ) {
-            let session = Canned {
-                out: ExecOutput {
-                    exit_code,
-                    stdout: stdout.clone().into_bytes(),
-                    stderr: stdout.into_bytes(),
-                    timed_out,
-                    ..ExecOutput::default()
-                },
-                seen: Mutex::new(Vec::new()),
-            };
-            let tools = ToolBox {
-                session: &session,
-                allowed: &allowed,
-                command_timeout: Duration::from_secs(1),
-                evidence: None,
-            };
-            let (answer, took) = timed(|| futures::executor::block_on(tools.call(name, &input)));
-            prop_assert!(took < CASE_LIMIT);
-            let offered = allowed.iter().any(|t| tool_name(*t) == name);
-            prop_assert!(offered || answer.is_err());
-            // Every path that reached the container is relative and stays beneath the root.
-            for argv in session.seen.lock().unwrap().iter() {
-                let path = match argv.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-                    ["cat", "--", p] | ["ls", "-la", "--", p] | ["sh", "-c", _, "sh", p] => p,
-                    ["sh", "-c", _] | ["fleet-browser"] => continue,
-                    _ => return Err(TestCaseError::fail(format!("unexpected argv {argv:?}"))),
-                };
-                prop_assert!(
-                    !path.is_empty()
-                        && !path.starts_with('/')
-                        && !path.split('/').any(|c| c == ".."),
-                    "{path:?} from {input}"
-                );
-            }
-        }
-    }
-}
+/// A strategy that never retries (tests that must not wait).
+#[cfg(test)]
+pub static NO_RETRY: RetryConfig = RetryConfig {
+    max_attempts: 1,
+    backoff_seconds: Vec::new(),
+};
