@@ -46,10 +46,12 @@ nodes:
     kind: agent
     template: prompt.md
     output_schema: schema.json
-    tools: [run_command, browser]
+    tools: [read_file, run_command, browser]
     image: fleet-agent-web:1
     worktree: {from: base, mode: ro}
     timeout_seconds: 300
+    # The seed's strategy for timing failures, shortened: two attempts, one second apart.
+    tool_policy: {profile: python_app, retry: {max_attempts: 2, backoff_seconds: [1]}}
     routes: [{to: done}]
   done: {kind: exit, status: verify.ok}
 "#;
@@ -206,15 +208,20 @@ async fn an_agent_checks_a_page_in_the_browser_and_keeps_a_screenshot() -> anyho
     );
 
     // A wait that never ends ends at the call's timeout, with the reason; the rest is skipped.
+    // It is a timing failure (the seed's class for an element that did not appear), nothing was
+    // typed or clicked, so the call ran again under the node's strategy: two attempts.
     let waited = answer(6);
-    let result: Value = serde_json::from_str(&content(&waited))?;
-    assert_eq!(result["ok"], false, "{result}");
+    assert_eq!(waited["is_error"], true, "{waited}");
+    let text = content(&waited);
     assert!(
-        result["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("wait_for") && e.contains("before the timeout")),
-        "{result}"
+        text.contains("did not appear") && text.contains("[timing error, failed after 2 attempts]"),
+        "{text}"
     );
+    let json_at = text
+        .find("\n{")
+        .expect("the browser's answer follows the error");
+    let result: Value = serde_json::from_str(&text[json_at + 1..])?;
+    assert_eq!(result["ok"], false, "{result}");
     assert_eq!(result["actions"][1]["error"], "skipped");
     assert!(
         result["seconds"].as_f64().is_some_and(|s| s < 10.0),
@@ -238,7 +245,8 @@ async fn an_agent_checks_a_page_in_the_browser_and_keeps_a_screenshot() -> anyho
     std::fs::create_dir_all(&keep)?;
     std::fs::write(keep.join("browser-tool-after-add.png"), &png)?;
 
-    // The transcript and the verification log name it; the log holds the two calls that ran.
+    // The transcript and the verification log name it; the log holds the three calls that ran
+    // (the last one twice).
     let transcript = stack
         .node_artifact_text(&run, "verify", 1, "transcript.json")
         .await?;
@@ -246,12 +254,227 @@ async fn an_agent_checks_a_page_in_the_browser_and_keeps_a_screenshot() -> anyho
     let log = stack
         .node_artifact_json(&run, "verify", 1, "verification_log.json")
         .await?;
-    assert_eq!(log["calls"], 2, "{log}");
+    assert_eq!(log["calls"], 3, "{log}");
     assert_eq!(log["screenshots"], 1, "{log}");
     assert_eq!(
         log["log"][0]["result"]["actions"][6]["artifact"],
         "screenshots/1-after-add.png"
     );
     assert_eq!(log["log"][0]["input"]["url"], url);
+    Ok(())
+}
+
+/// A page server that is not ready at first: it accepts and resets (RST) every connection of
+/// its first `N` bursts (a burst: connections less than half a second apart, as the browser
+/// may open or retry more than one for one page load), logging each, then serves the
+/// directory over HTTP on the same socket.
+const LATE_SERVER: &str = r#"import functools, http.server, socket, struct, sys, time
+port, resets = int(sys.argv[1]), int(sys.argv[2])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen(16)
+print("listening", flush=True)
+bursts, last = 0, 0.0
+while True:
+    c, addr = s.accept()
+    now = time.monotonic()
+    if now - last > 0.5:
+        bursts += 1
+    if bursts > resets:
+        break
+    last = now
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    print("reset burst", bursts, flush=True)
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory="site")
+server = http.server.HTTPServer(("127.0.0.1", port), handler, bind_and_activate=False)
+server.socket = s
+server.process_request(c, addr)
+server.serve_forever()
+"#;
+
+const LATE_PORT: u16 = 8323;
+
+/// One JSON line per event of the run's log (`fleet events RUN --type T`).
+fn events(stack: &Stack, run: &str, kind: &str) -> anyhow::Result<Vec<Value>> {
+    let out = stack.cli(&["events", run, "--type", kind])?;
+    anyhow::ensure!(out.code == 0, "events failed: {}", out.stderr);
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).map_err(Into::into))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_not_up_yet_is_retried_per_its_class_and_a_bad_selector_is_not() -> anyhow::Result<()>
+{
+    let url = format!("http://127.0.0.1:{LATE_PORT}/index.html");
+    let serve = format!(
+        "nohup python3 late.py {LATE_PORT} 2 >/tmp/late.log 2>&1 &\n\
+         for i in $(seq 100); do grep -q listening /tmp/late.log && echo up && exit 0; \
+         sleep 0.1; done; cat /tmp/late.log; exit 1"
+    );
+    let llm = FakeLlm::start(vec![
+        ScriptedReply::tool_use("run_command", json!({"command": serve})),
+        // Reset twice (transient): run again after 1 s, then 3 s; the third load succeeds.
+        ScriptedReply::tool_use(
+            "browser",
+            json!({"url": url, "actions": [{"text": "h1"}, {"screenshot": "up"}]}),
+        ),
+        // A selector the page cannot parse: the seed's selector class, a hint, never run again.
+        ScriptedReply::tool_use("browser", json!({"url": url, "actions": [{"click": "#"}]})),
+        // A path out of the worktree: a permission error, fatal, nothing runs.
+        ScriptedReply::tool_use("read_file", json!({"path": "../../etc/shadow"})),
+        ScriptedReply::tool_use("run_command", json!({"command": "cat /tmp/late.log"})),
+        ScriptedReply::tool_use("submit", json!({"verdict": "confirmed"})),
+    ])
+    .await?;
+    let stack = Stack::start(
+        "browser-retry",
+        1,
+        &[
+            ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
+            ("ANTHROPIC_API_KEY", "k"),
+        ],
+    )
+    .await?;
+    let repo = git_repo(
+        stack.dir.path(),
+        "late",
+        &[("site/index.html", PAGE), ("late.py", LATE_SERVER)],
+    )?;
+    let dir = stack.dir.path().join("web-retry");
+    std::fs::create_dir_all(&dir)?;
+    // The seed's own strategies (no override): transient 1 s, 3 s.
+    let graph = GRAPH.replace(
+        "{profile: python_app, retry: {max_attempts: 2, backoff_seconds: [1]}}",
+        "{profile: python_app}",
+    );
+    std::fs::write(dir.join("graph.yaml"), &graph)?;
+    std::fs::write(dir.join("prompt.md"), "Check the page.\n")?;
+    std::fs::write(dir.join("schema.json"), SCHEMA)?;
+    std::fs::write(dir.join("input.json"), "{}")?;
+    let path = |name: &str| dir.join(name).display().to_string();
+    let submit = |graph: &str| {
+        stack.cli(&[
+            "submit",
+            "--graph",
+            graph,
+            "--repo",
+            &repo.display().to_string(),
+            "--input",
+            &path("input.json"),
+            "--llm-api",
+            "anthropic",
+            "--llm-model",
+            "fake",
+        ])
+    };
+    let out = submit(&path("graph.yaml"))?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    let run = out.stdout.trim().to_string();
+    let status = stack.wait_run(&run, Duration::from_secs(240)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 6, "five tool calls, then the submit");
+    let answer = |turn: usize| tool_results(&reqs[turn].body)[0].clone();
+
+    let loaded = answer(2);
+    assert_ne!(loaded["is_error"], true, "{loaded}");
+    let result: Value = serde_json::from_str(&content(&loaded))?;
+    assert_eq!(result["actions"][0]["text"], "To-do", "{result}");
+    let selector = content(&answer(3));
+    assert!(
+        selector.contains("[selector error, needs a change]") && selector.contains("#new-todo"),
+        "the seed's selector hint: {selector}"
+    );
+    assert!(content(&answer(4)).contains("[permission error, fatal]"));
+    // The server's own log: the first two page loads were reset, the third served.
+    let log = content(&answer(5));
+    assert!(
+        log.contains("reset burst 2") && !log.contains("reset burst 3"),
+        "{log}"
+    );
+    assert!(log.contains("GET /index.html"), "{log}");
+
+    // The run's event log tells the same story, from the worker's executor.
+    let retries = events(&stack, &run, "tool_retry")?;
+    let waits: Vec<&Value> = retries.iter().map(|e| &e["data"]["wait_seconds"]).collect();
+    assert_eq!(waits, [&json!(1), &json!(3)], "{retries:?}");
+    assert!(retries.iter().all(|e| e["data"]["tool"] == "browser"));
+    let errors = events(&stack, &run, "tool_error")?;
+    let classes: Vec<(String, String)> = errors
+        .iter()
+        .filter(|e| e["data"]["preflight"] != true)
+        .map(|e| {
+            (
+                e["data"]["tool"].as_str().unwrap_or_default().to_string(),
+                e["data"]["error_type"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let pairs: Vec<(&str, &str)> = classes
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("browser", "transient"),
+            ("browser", "transient"),
+            ("browser", "selector"),
+            ("read_file", "permission"),
+        ],
+        "{errors:?}"
+    );
+    // The profile's pre-flight: pytest (optional for python_app) is not in the web image.
+    assert!(
+        errors.iter().any(|e| e["data"]["preflight"] == true
+            && e["data"]["tool"] == "pytest"
+            && e["data"]["required"] == false),
+        "{errors:?}"
+    );
+    let uses = events(&stack, &run, "tool_use")?;
+    let outcomes: Vec<(Value, Value)> = uses
+        .iter()
+        .filter(|e| e["data"]["tool"] == "browser")
+        .map(|e| (e["data"]["attempts"].clone(), e["data"]["outcome"].clone()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (json!(3), json!("success")),
+            (json!(1), json!("needs_hint"))
+        ],
+        "{uses:?}"
+    );
+
+    // A profile whose required tools the image lacks stops the step before the agent starts.
+    let node_graph = graph.replace("{profile: python_app}", "{profile: cli_tool}");
+    std::fs::write(
+        dir.join("graph-node.yaml"),
+        node_graph.replace("run_command, browser", "run_command"),
+    )?;
+    let out = submit(&path("graph-node.yaml"))?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    let failed = out.stdout.trim().to_string();
+    let status = stack.wait_run(&failed, Duration::from_secs(120)).await?;
+    assert_eq!(status["status"], "failed", "{status}");
+    let errors = events(&stack, &failed, "tool_error")?;
+    let missing: Vec<&Value> = errors
+        .iter()
+        .filter(|e| e["data"]["required"] == true)
+        .map(|e| &e["data"]["tool"])
+        .collect();
+    assert_eq!(missing, [&json!("node"), &json!("npm")], "{errors:?}");
+    assert_eq!(
+        llm.requests().len(),
+        6,
+        "no LLM call for a step that could not start"
+    );
     Ok(())
 }

@@ -273,6 +273,23 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
         "the approval and the quarantine's: {log}"
     );
     assert!(log.contains(r#""item":"4""#), "{log}");
+    // Every tool call of the sessions went through the resilient executor: the initializer's
+    // and coders' writes, the verifiers' commands and the browser check, each a `tool_use`;
+    // the profile (`python_app`, detected from the spec) found its tools in both images but
+    // pytest in the verifier's (optional: a warning, nothing failed).
+    assert!(count("tool_use") >= 10, "{log}");
+    let preflight: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event_type"] == "tool_error" && e["data"]["preflight"] == true)
+        .collect();
+    assert!(!preflight.is_empty(), "{log}");
+    assert!(
+        preflight
+            .iter()
+            .all(|e| e["data"]["tool"] == "pytest" && e["data"]["profile"] == "python_app"),
+        "{preflight:?}"
+    );
     // `fleet status` draws the seed's dashboard for this run.
     let out = stack.cli(&["status", &run])?;
     assert_eq!(out.code, 0, "{}", out.stderr);
