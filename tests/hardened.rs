@@ -8,6 +8,8 @@
 
 #[path = "hardened/budget.rs"]
 mod budget;
+#[path = "hardened/review_edits.rs"]
+mod review_edits;
 
 use fleet_tests::stack::{workspace_root, Stack};
 use serde_json::{json, Value};

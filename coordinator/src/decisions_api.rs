@@ -130,12 +130,17 @@ pub(crate) async fn decide(
 
 /// `POST /v1/runs/:id/approvals/:node`: the decision on a node awaiting approval.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DecideBody {
     approved: bool,
     #[serde(default)]
     by: String,
     #[serde(default)]
     comment: String,
+    /// Edits sent with an approval, for a node that takes them (its `edits:` schema).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    edits: Option<serde_json::Value>,
 }
 
 #[utoipa::path(
@@ -146,7 +151,7 @@ pub(crate) struct DecideBody {
         (status = 200, body = http::Decided),
         (status = 400, body = http::ErrorBody, description = "a malformed decision"),
         NoSuchRun,
-        (status = 409, body = http::ErrorBody, description = "the node is not awaiting approval"),
+        (status = 409, body = http::ErrorBody, description = "the node is not awaiting approval, or the edits are refused"),
     )
 )]
 pub(crate) async fn decide_approval(
@@ -167,9 +172,15 @@ pub(crate) async fn decide_approval(
             vec![],
         ));
     }
-    let applied = c.decide(&run, &node, d.approved, &d.by, &d.comment).await?;
+    let applied = c
+        .decide(&run, &node, d.approved, &d.by, &d.comment, d.edits)
+        .await?;
     let s = c.load(&run).await?;
     let applied = match applied {
+        shared::engine::Applied::Refused(why) => {
+            tracing::info!(run = %run, node = %node, reason = %why, "decision refused");
+            return Err(ApiError(StatusCode::CONFLICT, why, vec![]));
+        }
         shared::engine::Applied::Changed => "decided",
         _ => "already decided",
     };

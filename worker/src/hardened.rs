@@ -45,10 +45,16 @@ fn read_list(root: &Path) -> Result<Option<String>, String> {
 struct ReviewParams {
     #[serde(default)]
     bounds: Option<features::ReviewBounds>,
+    /// The list a person sent with their approval of an earlier review: checked as strictly
+    /// as the file, and written in its place; refused (the list on disk kept, the reason
+    /// among the warnings) when it does not parse.
+    #[serde(default)]
+    edits: Option<Value>,
 }
 
-/// `review_features`: the initializer's list, its statistics and warnings; features it marked
-/// passing are set back to `passes: false` on disk (nothing is verified before coding).
+/// `review_features`: the initializer's list (or the person's edited one), its statistics and
+/// warnings; features marked passing are set back to `passes: false` on disk (nothing is
+/// verified before coding).
 pub fn review_features(params: &Value, root: &Path) -> StepOutcome {
     let p: ReviewParams = match read_params(params) {
         Ok(p) => p,
@@ -63,11 +69,25 @@ pub fn review_features(params: &Value, root: &Path) -> StepOutcome {
         Ok(l) => l,
         Err(e) => return failed(e.to_string()),
     };
-    let stats = features::review(&list, &p.bounds.unwrap_or_default());
+    let mut refused_edit = None;
+    let mut edited = false;
+    if let Some(edits) = &p.edits {
+        match features::parse(&edits.to_string()) {
+            Ok(l) => {
+                list = l;
+                edited = true;
+            }
+            Err(e) => refused_edit = Some(format!("the edited list was refused: {e}")),
+        }
+    }
+    let mut stats = features::review(&list, &p.bounds.unwrap_or_default());
+    if let Some(why) = refused_edit {
+        stats.warnings.insert(0, why);
+    }
     for f in &mut list {
         f.passes = false;
     }
-    if !stats.already_passing.is_empty() {
+    if edited || !stats.already_passing.is_empty() {
         if let Err(e) = write_list(root, &list) {
             return failed(e);
         }

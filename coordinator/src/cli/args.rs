@@ -221,6 +221,10 @@ pub struct ApproveArgs {
     pub reject: bool,
     #[arg(long, default_value = "")]
     pub comment: String,
+    /// A JSON file of edits sent with the approval, for a node that takes them (the hardened
+    /// coder's `approve_features`: the feature list as the person wants it).
+    #[arg(long, conflicts_with = "reject")]
+    pub edits: Option<std::path::PathBuf>,
     /// Who decides (default: $USER).
     #[arg(long, env = "USER", default_value = "unknown")]
     pub by: String,

@@ -174,12 +174,14 @@ impl Client {
         approved: bool,
         by: &str,
         comment: &str,
+        edits: Option<serde_json::Value>,
     ) -> anyhow::Result<Decided> {
-        self.post(
-            &format!("/v1/runs/{run}/approvals/{node}"),
-            &json!({"approved": approved, "by": by, "comment": comment}),
-        )
-        .await
+        let mut body = json!({"approved": approved, "by": by, "comment": comment});
+        if let Some(edits) = edits {
+            body["edits"] = edits;
+        }
+        self.post(&format!("/v1/runs/{run}/approvals/{node}"), &body)
+            .await
     }
 
     pub async fn quarantine(&self, run: &str) -> anyhow::Result<shared::http::QuarantineView> {

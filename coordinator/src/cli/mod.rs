@@ -23,6 +23,7 @@ pub use client::Client;
 pub use graph_tools::{live_states, load_graph, mermaid};
 pub use startup::redact_url;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use shared::time::rfc3339;
 use std::fmt::Display;
@@ -257,8 +258,19 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Approve(a) => {
+            let edits = match &a.edits {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    Some(
+                        serde_json::from_str(&text)
+                            .with_context(|| format!("{} is not JSON", path.display()))?,
+                    )
+                }
+                None => None,
+            };
             let d = Client::new(&a.server.server)
-                .decide(&a.run_id, &a.node, !a.reject, &a.by, &a.comment)
+                .decide(&a.run_id, &a.node, !a.reject, &a.by, &a.comment, edits)
                 .await?;
             out.line(format!("{}: {}", a.node, d.applied))?;
             Ok(0)

@@ -466,6 +466,7 @@ impl Coordinator {
         approved: bool,
         by: &str,
         comment: &str,
+        edits: Option<serde_json::Value>,
     ) -> Result<Applied, DriverError> {
         let event = Event::Decide {
             node: shared::ids::NodeId::new(node),
@@ -473,6 +474,7 @@ impl Coordinator {
             by: by.to_string(),
             comment: comment.to_string(),
             at: self.clock.now(),
+            edits,
         };
         self.apply(run, &event).await
     }

@@ -58,6 +58,9 @@ pub enum Event {
         by: String,
         comment: String,
         at: DateTime<Utc>,
+        /// Edits sent with an approval, for a node that takes them (`edits:`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        edits: Option<serde_json::Value>,
     },
     /// A person decided an item the graph put on hold (`quarantine:`).
     Quarantine {

@@ -20,6 +20,7 @@
 //! - `publish.rs`: building and publishing job specs, and re-issuing jobs as their next attempt;
 //! - `quarantine.rs`: items a graph puts on hold for people, their decisions, the hold's release.
 
+mod approvals;
 mod budget;
 mod children;
 mod context;
@@ -221,7 +222,15 @@ pub fn apply_in_place(
             }
             Step::Restored(waiting, children)
         }
-        Event::Decide { node, .. } => {
+        Event::Decide {
+            node,
+            approved,
+            edits,
+            ..
+        } => {
+            if let Some(why) = approvals::edits_refusal(bundle, node, *approved, edits.as_ref()) {
+                return unchanged(Applied::Refused(why));
+            }
             let Some(approval) = state
                 .approvals
                 .get(node)
@@ -338,10 +347,11 @@ pub fn apply_in_place(
                 approved,
                 by,
                 comment,
+                edits,
                 ..
             },
         ) => {
-            e.decide(node, approval, *approved, by, comment)?;
+            e.decide(node, approval, *approved, by, comment, edits.clone())?;
         }
         (Step::Started(record), Event::JobStarted { job_id, worker, .. }) => {
             if let Some(r) = e.state.jobs.get_mut(job_id) {
@@ -384,6 +394,7 @@ pub fn apply_in_place(
                 by: by.clone(),
                 comment: comment.clone(),
                 at,
+                edits: None,
             };
             e.quarantine_decision(item, decision)?;
         }

@@ -98,7 +98,7 @@ impl Engine<'_> {
             .filter(|a| a.decision.is_none())
             .cloned();
         if let Some(approval) = waiting {
-            self.decide(&hold, approval, true, &by, &note)?;
+            self.decide(&hold, approval, true, &by, &note, None)?;
         }
         Ok(())
     }

@@ -123,6 +123,9 @@ pub struct Decision {
     pub by: String,
     pub comment: String,
     pub at: DateTime<Utc>,
+    /// What the person changed with the approval (checked against the node's `edits` schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edits: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]

@@ -297,12 +297,14 @@ impl Engine<'_> {
         approved: bool,
         by: &str,
         comment: &str,
+        edits: Option<Value>,
     ) -> Result<(), EngineError> {
         let decision = Decision {
             approved,
             by: by.to_string(),
             comment: comment.to_string(),
             at: self.at,
+            edits,
         };
         if let Some(a) = self.state.approvals.get_mut(id) {
             a.decision = Some(decision.clone());
@@ -375,7 +377,7 @@ impl Engine<'_> {
                 self.fan_out(id, FanOut { over, body, join }, visit, branch)
             }
             NodeBody::Spawn(spawn) => self.spawn(id, spawn, visit, branch),
-            NodeBody::Approval { show } => {
+            NodeBody::Approval { show, .. } => {
                 // What the person deciding sees; an expression that fails shows its error.
                 let shown = show.as_ref().map(|e| {
                     expr::eval(e, &self.state.context_in(branch))

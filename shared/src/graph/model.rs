@@ -192,6 +192,9 @@ pub enum NodeBody {
         /// An expression whose value the person deciding is shown (in the run's status, the
         /// API and `fleet approve`): e.g. the review's statistics and warnings.
         show: Option<String>,
+        /// A JSON schema (a bundle file) for edits the person may send with an approval (the
+        /// decision's `edits`, refused unless they fit it); none: an approval takes no edits.
+        edits: Option<String>,
     },
     Spawn(SpawnBody),
     Exit {
@@ -467,6 +470,13 @@ impl Graph {
             if let Some(a) = node.agent() {
                 out.push((id.to_string(), "template", a.template.clone()));
                 out.push((id.to_string(), "output_schema", a.output_schema.clone()));
+            }
+            if let NodeBody::Approval {
+                edits: Some(schema),
+                ..
+            } = &node.body
+            {
+                out.push((id.to_string(), "edits", schema.clone()));
             }
         }
         out

@@ -153,6 +153,9 @@ pub struct RawNode {
     /// What the person deciding is shown (an expression).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub show: Option<String>,
+    /// The schema of edits a person may send with an approval (a bundle file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edits: Option<String>,
 
     // exit
     #[serde(default)]
@@ -265,7 +268,7 @@ fn owners(field: &str) -> &'static [NodeKind] {
         "over" => &[Fanout, Spawn],
         "body" | "join" => &[Fanout],
         "input" | "base" | "wait" => &[Spawn],
-        "show" => &[Approval],
+        "show" | "edits" => &[Approval],
         "status" | "result" => &[Exit],
         // A worktree belongs to the kinds that run in one.
         "worktree" => &[Agent, Command, Harness, Git, Fanout],
@@ -311,6 +314,7 @@ impl RawNode {
             ("base", self.base.is_some()),
             ("wait", self.wait.is_some()),
             ("show", self.show.is_some()),
+            ("edits", self.edits.is_some()),
             ("status", self.status.is_some()),
             ("result", self.result.is_some()),
             ("worktree", self.worktree.is_some()),
@@ -382,7 +386,10 @@ impl RawNode {
                                 format!("unknown harness op `{op}` (known: {})", known.join(", ")),
                             ));
                         }
-                        NodeBody::Approval { show: None }
+                        NodeBody::Approval {
+                            show: None,
+                            edits: None,
+                        }
                     }
                 }
             }
@@ -396,7 +403,10 @@ impl RawNode {
                             self.op
                         ),
                     ));
-                    NodeBody::Approval { show: None }
+                    NodeBody::Approval {
+                        show: None,
+                        edits: None,
+                    }
                 }
             },
             NodeKind::Join => NodeBody::Join {
@@ -422,7 +432,10 @@ impl RawNode {
                     "a fan-out needs the `join` where its branches meet",
                 )),
             },
-            NodeKind::Approval => NodeBody::Approval { show: self.show },
+            NodeKind::Approval => NodeBody::Approval {
+                show: self.show,
+                edits: self.edits,
+            },
             NodeKind::Spawn => NodeBody::Spawn(SpawnBody {
                 over: need(
                     &mut errs,
@@ -514,6 +527,7 @@ impl From<Node> for RawNode {
             base: None,
             wait: None,
             show: None,
+            edits: None,
             status: None,
             result: None,
         };
@@ -539,7 +553,10 @@ impl From<Node> for RawNode {
                 raw.body = Some(body);
                 raw.join = Some(join);
             }
-            NodeBody::Approval { show } => raw.show = show,
+            NodeBody::Approval { show, edits } => {
+                raw.show = show;
+                raw.edits = edits;
+            }
             NodeBody::Spawn(s) => {
                 raw.over = Some(s.over);
                 raw.input = s.input;

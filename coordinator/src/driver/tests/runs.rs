@@ -195,7 +195,10 @@ async fn an_approval_pauses_the_run_until_decided_and_an_approval_goes_on() {
     );
     assert_eq!(cluster.worker.jobs().len(), 1, "only `prep` ran");
 
-    let applied = c.coord.decide(&run, "review", true, "ana", "ship it").await;
+    let applied = c
+        .coord
+        .decide(&run, "review", true, "ana", "ship it", None)
+        .await;
     assert_eq!(applied.expect("decided"), Applied::Changed);
     let state = cluster.wait_finished(&run).await;
     assert_eq!(state.status, RunStatus::Succeeded, "{:?}", state.result);
@@ -227,7 +230,7 @@ async fn a_rejection_routes_to_the_graphs_rejection_exit() {
 
     let applied = c
         .coord
-        .decide(&run, "review", false, "ana", "not now")
+        .decide(&run, "review", false, "ana", "not now", None)
         .await;
     assert_eq!(applied.expect("decided"), Applied::Changed);
     let (state, version) = cluster.load(&run).await;
@@ -242,7 +245,7 @@ async fn a_rejection_routes_to_the_graphs_rejection_exit() {
 
     let again = c
         .coord
-        .decide(&run, "review", true, "bo", "changed my mind")
+        .decide(&run, "review", true, "bo", "changed my mind", None)
         .await;
     assert_eq!(
         again.expect("decided"),

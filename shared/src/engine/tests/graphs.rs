@@ -121,6 +121,7 @@ nodes:
         by: "ana".into(),
         comment: "fine".into(),
         at: time(0),
+        edits: None,
     };
     let t = step(&b, &t.state, decide(true));
     assert_eq!(jobs_of(&t).len(), 1);
@@ -296,4 +297,70 @@ nodes:
     let scope = published(&t).write_scope.clone().unwrap();
     assert_eq!(scope.globs, vec!["stack.py", "tests/**", "a.py", "b.py"]);
     assert!(!scope.symlinks && !scope.submodules && !scope.mode_changes);
+}
+
+#[test]
+fn edits_come_only_with_an_approval_that_takes_them_and_fit_its_schema() {
+    let b = bundle(
+        r#"
+name: gate
+start: review
+nodes:
+  review:
+    kind: approval
+    edits: s.json
+    max_visits: 3
+    routes:
+      - to: review
+        when: review.ok and review.output.edits
+      - to: other
+        when: not review.ok
+      - to: done
+  other:
+    kind: approval
+    routes: [{to: done}]
+  done:
+    kind: exit
+    status: review.ok
+"#,
+    );
+    let t = step(&b, &new_run(&b, 1), Event::Start { at: time(0) });
+    let decide = |node: &str, approved, edits: Option<Value>| Event::Decide {
+        node: NodeId::new(node),
+        approved,
+        by: "ana".into(),
+        comment: String::new(),
+        at: time(1),
+        edits,
+    };
+    // Not an object (the schema's type), with a rejection, on a node without edits: refused,
+    // and the run still waits.
+    for (node, approved, edits) in [
+        ("review", true, json!(["a list"])),
+        ("review", false, json!({"x": 1})),
+        ("other", true, json!({"x": 1})),
+    ] {
+        let refused = step(&b, &t.state, decide(node, approved, Some(edits)));
+        assert!(
+            matches!(refused.applied, Applied::Refused(_)),
+            "{node} {approved}: {:?}",
+            refused.applied
+        );
+        assert!(refused.effects.is_empty());
+        assert_eq!(
+            refused.state.awaiting_approval(),
+            vec![&NodeId::new("review")]
+        );
+    }
+    // Edits that fit: kept in the decision, seen by the routes (the review is asked again).
+    let edited = step(&b, &t.state, decide("review", true, Some(json!({"x": 1}))));
+    assert_eq!(edited.applied, Applied::Changed);
+    let last = edited.state.last_outcome(&NodeId::new("review")).unwrap();
+    assert_eq!(last.output["edits"], json!({"x": 1}));
+    assert_eq!(
+        edited.state.awaiting_approval(),
+        vec![&NodeId::new("review")]
+    );
+    let done = step(&b, &edited.state, decide("review", true, None));
+    assert_eq!(done.state.status, RunStatus::Succeeded);
 }

@@ -310,9 +310,12 @@ pub(super) fn check_node(
             }
         }
         NodeBody::Harness { .. } => {}
-        NodeBody::Approval { show } => {
+        NodeBody::Approval { show, edits } => {
             if let Some(Err(e)) = show.as_deref().map(expr::compile_check) {
                 err(Some(id), "show", e.to_string());
+            }
+            if let Some(Err(e)) = edits.as_deref().map(|p| schema_check(bundle, p)) {
+                err(Some(id), "edits", e);
             }
         }
         NodeBody::Exit { status, .. } => {
