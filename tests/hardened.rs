@@ -8,6 +8,8 @@
 
 #[path = "hardened/budget.rs"]
 mod budget;
+#[path = "hardened/evidence.rs"]
+mod evidence;
 #[path = "hardened/review_edits.rs"]
 mod review_edits;
 

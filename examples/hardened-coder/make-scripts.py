@@ -115,11 +115,13 @@ def session_one_list():
     return out
 
 
-def verification(passes, reason, steps=1):
+def verification(passes, reason, steps=1, shot=None):
+    # `shot`: the screenshot the steps cite, one the verifier must have taken (the graph's
+    # `evidence:` check).
     return {
         "test_passes": passes,
         "steps": [{"step_number": i, "step_text": f"step {i}",
-                   "result": "pass" if passes else "fail", "screenshot": None,
+                   "result": "pass" if passes else "fail", "screenshot": shot,
                    "observation": reason, "reasoning": reason}
                   for i in range(1, steps + 1)],
         "overall_reasoning": reason,
@@ -132,9 +134,9 @@ FETCH = ("python3 -c \"import urllib.request; "
 
 
 def story():
-    def verifier(feature, rnd, passes, reason, commands=()):
+    def verifier(feature, rnd, passes, reason, commands=(), shot=None):
         return {"when": {"feature_id": feature, "round": rnd}, "commands": list(commands),
-                "output": verification(passes, reason)}
+                "output": verification(passes, reason, shot=shot)}
 
     return {
         "initializer": [{
@@ -154,7 +156,8 @@ def story():
         "verify": [
             verifier(1, 1, True, "the heading reads To-do", ["sh init.sh", FETCH]),
             verifier(2, 1, False, "after Add, the list with id 'items' has no entry"),
-            dict(verifier(2, 2, True, "milk is in the list"), commands=["sh init.sh"],
+            dict(verifier(2, 2, True, "milk is in the list", shot="after_add"),
+                 commands=["sh init.sh"],
                  tool_calls=[{"name": "browser", "input": {
                      "url": "http://127.0.0.1:8765/",
                      "actions": [{"type": {"selector": "#item", "text": "milk"}},

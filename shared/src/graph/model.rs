@@ -226,6 +226,9 @@ pub struct AgentBody {
     /// Seed 004's tool profile and retry strategy (none: every tool offered, the seed's
     /// strategies).
     pub tool_policy: Option<ToolPolicy>,
+    /// Expression over `output` giving the screenshots the answer cites as evidence: each
+    /// must be one this job took, or the answer is invalid (`output_invalid`).
+    pub evidence: Option<String>,
 }
 
 /// A spawn node: child runs of the same graph, one per item.

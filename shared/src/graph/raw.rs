@@ -126,6 +126,9 @@ pub struct RawNode {
     /// Seed 004's tool profile and retry strategy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_policy: Option<ToolPolicy>,
+    /// Screenshots the answer cites, each one this job must have taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<String>,
 
     // join
     #[serde(default)]
@@ -261,7 +264,8 @@ fn owners(field: &str) -> &'static [NodeKind] {
         | "claims"
         | "incremental"
         | "crosstalk"
-        | "tool_policy" => &[Agent],
+        | "tool_policy"
+        | "evidence" => &[Agent],
         "commands" => &[Command],
         "op" => &[Harness, Git],
         "wait_for" => &[Join],
@@ -304,6 +308,7 @@ impl RawNode {
             ("incremental", self.incremental.is_some()),
             ("crosstalk", !self.crosstalk.is_empty()),
             ("tool_policy", self.tool_policy.is_some()),
+            ("evidence", self.evidence.is_some()),
             ("commands", !self.commands.is_empty()),
             ("op", self.op.is_some()),
             ("wait_for", !self.wait_for.is_empty()),
@@ -362,6 +367,7 @@ impl RawNode {
                 incremental: self.incremental,
                 crosstalk: self.crosstalk,
                 tool_policy: self.tool_policy,
+                evidence: self.evidence,
             })),
             NodeKind::Command => {
                 if self.commands.is_empty() {
@@ -519,6 +525,7 @@ impl From<Node> for RawNode {
             incremental: None,
             crosstalk: Vec::new(),
             tool_policy: None,
+            evidence: None,
             wait_for: Vec::new(),
             over: None,
             body: None,
@@ -543,6 +550,7 @@ impl From<Node> for RawNode {
                 raw.incremental = a.incremental;
                 raw.crosstalk = a.crosstalk;
                 raw.tool_policy = a.tool_policy;
+                raw.evidence = a.evidence;
             }
             NodeBody::Command { commands } => raw.commands = commands,
             NodeBody::Harness { op } => raw.op = Some(op.name().to_string()),

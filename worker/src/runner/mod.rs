@@ -28,6 +28,7 @@ mod cache;
 mod cleanup;
 mod commit;
 mod error;
+mod evidence;
 mod execute;
 mod execution;
 mod incremental;

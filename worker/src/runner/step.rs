@@ -141,7 +141,8 @@ impl Runner {
                     };
                     let out = self.incremental(sessions, prior, art).await;
                     art.events.extend(journal.take());
-                    let out = out?;
+                    let mut out = out?;
+                    super::evidence::check(agent_node, &mut out, &art.written);
                     return self.agent_done(agent_node, spec, wt, out, art).await;
                 }
                 let evidence = Evidence::new(art);
@@ -183,6 +184,8 @@ impl Runner {
                 };
                 evidence.flush(art).await?;
                 art.events.extend(journal.take());
+                let mut out = out;
+                super::evidence::check(agent_node, &mut out, &art.written);
                 match wt {
                     Some(wt) => self.agent_done(agent_node, spec, wt, out, art).await,
                     None => agent_output(out, art).await,

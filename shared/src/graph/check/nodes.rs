@@ -278,6 +278,9 @@ pub(super) fn check_node(
                     e2("crosstalk", e.to_string());
                 }
             }
+            if let Some(Err(e)) = agent.evidence.as_deref().map(expr::compile_check) {
+                e2("evidence", e.to_string());
+            }
             if let Some(policy) = &agent.tool_policy {
                 for (field, problem) in tool_policy_problems(policy, &agent.tools) {
                     e2(field, problem);
