@@ -8,9 +8,15 @@
 //! Usage: fleet-bench [--jobs N] [--cycles N]   (services from scripts/provision.sh)
 //!        fleet-bench batch [--n N] [--slots S]  (batches: `bench_batch.rs`)
 //!        fleet-bench tree [--delay-ms D] [--concurrency C]  (child runs: `bench_tree.rs`)
+//!        fleet-bench hardened [--delay-ms D] [--sessions S] [--workers W] [--concurrency C]
+//!            [--verifier-image IMAGE]  (seed 004's hardened coder: `bench_hardened.rs`)
 
 #[path = "bench_batch.rs"]
 mod bench_batch;
+#[path = "bench_hardened.rs"]
+mod bench_hardened;
+#[path = "bench_hardened_app.rs"]
+mod bench_hardened_app;
 #[path = "bench_tree.rs"]
 mod bench_tree;
 
@@ -54,6 +60,21 @@ async fn main() -> anyhow::Result<()> {
         Some("batch") => return bench_batch::run(arg("--n", 1000), arg("--slots", 32)).await,
         Some("tree") => {
             return bench_tree::run(arg("--delay-ms", 2000), arg("--concurrency", 6)).await
+        }
+        Some("hardened") => {
+            let args: Vec<String> = std::env::args().collect();
+            let image = args
+                .iter()
+                .position(|a| a == "--verifier-image")
+                .and_then(|i| args.get(i + 1).cloned());
+            return bench_hardened::run(bench_hardened::Options {
+                delay_ms: arg("--delay-ms", 1000),
+                sessions: arg("--sessions", 2),
+                workers: arg("--workers", 2),
+                concurrency: arg("--concurrency", 3),
+                verifier_image: image,
+            })
+            .await;
         }
         _ => {}
     }

@@ -127,6 +127,8 @@ pub struct RecordedRequest {
     /// The key of the conversation the request was routed to; `None` when it
     /// went to the shared queue or was refused before routing (validation).
     pub conversation: Option<String>,
+    /// When the fake received it (its answer goes out after the configured delay).
+    pub received_at: SystemTime,
 }
 
 impl RecordedRequest {
@@ -316,6 +318,7 @@ impl Shared {
             body: recorded_body(&request.body),
             status: status.as_u16(),
             conversation,
+            received_at: SystemTime::now(),
         });
     }
 }
