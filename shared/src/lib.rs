@@ -3,6 +3,7 @@
 //! the factory seed's harness rules. Nothing in this crate does I/O.
 
 pub mod agent_config;
+pub mod auth;
 pub mod batch;
 pub mod browser;
 pub mod builtins;

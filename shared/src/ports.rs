@@ -101,10 +101,28 @@ pub trait ScheduleStore: Send + Sync {
     async fn list_schedules(&self) -> Result<Vec<String>, PortError>;
 }
 
-/// Run state with versioned, atomic transitions and an outbox; batches and schedules beside
-/// them.
+/// API tokens, by the hash of the token (the token itself is never stored).
 #[async_trait]
-pub trait RunStore: BatchStore + ScheduleStore + Send + Sync {
+pub trait TokenStore: Send + Sync {
+    async fn add_token(&self, record: &crate::auth::TokenRecord) -> Result<(), PortError>;
+    async fn token_by_hash(
+        &self,
+        hash: &str,
+    ) -> Result<Option<crate::auth::TokenRecord>, PortError>;
+    /// Every token, revoked ones too, oldest first.
+    async fn list_tokens(&self) -> Result<Vec<crate::auth::TokenRecord>, PortError>;
+    /// Marks the token revoked (kept, so the list shows it); false when there is none.
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<bool, PortError>;
+}
+
+/// Run state with versioned, atomic transitions and an outbox; batches, schedules and API
+/// tokens beside them.
+#[async_trait]
+pub trait RunStore: BatchStore + ScheduleStore + TokenStore + Send + Sync {
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError>;

@@ -3,10 +3,13 @@
 //! in-flight lists whose owner's lease lapsed go back to the outbox.
 
 use async_trait::async_trait;
+use shared::auth::TokenRecord;
 use shared::batch::{BatchHeader, BatchSlice, BatchState};
 use shared::engine::RunState;
 use shared::ids::{BatchId, RunId};
-use shared::ports::{BatchStore, CasOutcome, OutboxMessage, PortError, RunStore, ScheduleStore};
+use shared::ports::{
+    BatchStore, CasOutcome, OutboxMessage, PortError, RunStore, ScheduleStore, TokenStore,
+};
 use shared::schedule::{ScheduleDef, ScheduleState};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -58,6 +61,8 @@ struct Inner {
     batch_order: Vec<BatchId>,
     /// Definition, state and version per schedule name.
     schedules: BTreeMap<String, (ScheduleDef, ScheduleState, u64)>,
+    /// API tokens in the order they were added.
+    tokens: Vec<TokenRecord>,
 }
 
 fn encode(m: &OutboxMessage) -> String {
@@ -127,6 +132,34 @@ impl BatchStore for MemoryRunStore {
             .filter(|id| g.batches.get(*id).is_some_and(|(s, _)| !s.is_finished()))
             .cloned()
             .collect())
+    }
+}
+
+#[async_trait]
+impl TokenStore for MemoryRunStore {
+    async fn add_token(&self, record: &TokenRecord) -> Result<(), PortError> {
+        self.lock().tokens.push(record.clone());
+        Ok(())
+    }
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, PortError> {
+        Ok(self.lock().tokens.iter().find(|t| t.hash == hash).cloned())
+    }
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, PortError> {
+        Ok(self.lock().tokens.clone())
+    }
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<bool, PortError> {
+        let mut inner = self.lock();
+        match inner.tokens.iter_mut().find(|t| t.id == id) {
+            Some(t) => {
+                t.revoked_at.get_or_insert(at);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 }
 

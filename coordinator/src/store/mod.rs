@@ -1,4 +1,5 @@
-//! Run-store adapters: Redis for the fleet, memory for the embedded mode, and the contract both
+//! Run-store adapters (runs, batches, schedules, API tokens): Redis for the fleet, memory for
+//! the embedded mode, and the contract both
 //! keep (`conformance`, compiled for tests and with the `conformance` feature).
 
 #[cfg(any(test, feature = "conformance"))]
@@ -7,3 +8,4 @@ pub mod memory;
 pub mod redis;
 mod redis_batches;
 mod redis_schedules;
+mod redis_tokens;

@@ -24,8 +24,10 @@ use std::time::Duration;
 
 mod batches;
 mod schedules;
+mod tokens;
 pub use batches::*;
 pub use schedules::*;
+pub use tokens::*;
 
 /// What the adapter under test is allowed to do differently.
 #[derive(Clone, Debug)]
@@ -401,6 +403,7 @@ macro_rules! run_store_conformance {
             finished_batches_leave_the_active_set,
             schedules_are_added_once_and_listed_by_name,
             schedule_states_are_written_by_version_and_uid,
+            tokens_are_found_by_hash_and_revoked_in_place,
         );
     };
     (@cases $fresh:expr, $profile:expr; $($case:ident,)+) => {

@@ -24,6 +24,7 @@ pub fn schedule(name: &str, created: i64) -> (ScheduleDef, ScheduleState) {
         spec,
         webhook: None,
         created_at: chrono::DateTime::from_timestamp(1_767_225_600 + created, 0).expect("a time"),
+        team: None,
         mirror_dir: None,
     };
     let state = ScheduleState::new(&def);
