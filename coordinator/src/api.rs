@@ -1,6 +1,7 @@
-//! The HTTP API. Errors become HTTP in one place (`ApiError`). Every route is in `routes()`:
-//! the router serves those, and the OpenAPI document (`crate::openapi`, served at
-//! `/v1/openapi.json`) is checked against them.
+//! The HTTP API. Errors become HTTP in one place (`ApiError`). Every route is in `routes()`,
+//! with what it needs (`Access`: a GET reads, a POST writes, unless the table says otherwise):
+//! the router serves those behind the token guard (`crate::auth_api`), and the OpenAPI
+//! document (`crate::openapi`, served at `/v1/openapi.json`) is checked against them.
 
 use crate::batches::api as batches;
 use crate::driver::{Coordinator, DriverError};
@@ -14,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use serde_json::Value;
+use shared::auth::{Access, Principal};
 use shared::engine::RunState;
 use shared::http;
 use shared::ids::RunId;
@@ -44,14 +46,28 @@ impl Verb {
     }
 }
 
-/// One route: a method, a path in axum's syntax (`:param`, `*rest`) and what serves it.
+/// One route: a method, a path in axum's syntax (`:param`, `*rest`), what a caller's token
+/// must allow, and what serves it.
 pub struct Route {
     pub verb: Verb,
     pub path: &'static str,
+    pub access: Access,
     serve: MethodRouter<Arc<Coordinator>>,
 }
 
 impl Route {
+    /// Served without a token.
+    pub(crate) fn public(mut self) -> Route {
+        self.access = Access::Public;
+        self
+    }
+
+    /// Served to admins' tokens only.
+    pub(crate) fn admin(mut self) -> Route {
+        self.access = Access::Admin;
+        self
+    }
+
     /// The route takes request bodies of up to `bytes` (axum's default is 2 MiB).
     pub(crate) fn body_limit(mut self, bytes: usize) -> Route {
         self.serve = self
@@ -67,16 +83,25 @@ where
     T: 'static,
 {
     let serve = on(verb.filter(), handler);
-    Route { verb, path, serve }
+    let access = match verb {
+        Verb::Get => Access::Read,
+        Verb::Post => Access::Write,
+    };
+    Route {
+        verb,
+        path,
+        access,
+        serve,
+    }
 }
 
 /// Every route of the API, in one place: `router` serves exactly these.
 pub fn routes() -> Vec<Route> {
     use Verb::{Get, Post};
     let mut all = vec![
-        at(Get, "/healthz", healthz),
-        at(Get, "/metrics", metrics),
-        at(Get, "/v1/openapi.json", openapi),
+        at(Get, "/healthz", healthz).public(),
+        at(Get, "/metrics", metrics).public(),
+        at(Get, "/v1/openapi.json", openapi).public(),
         at(Post, "/v1/runs", create_run),
         at(Get, "/v1/runs", list_runs),
         at(Get, "/v1/runs/:id", run_status),
@@ -92,13 +117,29 @@ pub fn routes() -> Vec<Route> {
     all.extend(tree_api::routes());
     all.extend(decisions_api::routes());
     all.extend(crate::tracking_api::routes());
+    all.extend(crate::auth_api::routes());
     crate::schedules::api::and_schedule_routes(all)
 }
 
+/// Every route behind its guard: the token checked against the route's access, and every
+/// run, batch, schedule or artifact the path names checked to be the caller's team's.
 pub fn router(coord: Arc<Coordinator>) -> Router {
     routes()
         .into_iter()
-        .fold(Router::new(), |r, route| r.route(route.path, route.serve))
+        .fold(Router::new(), |r, route| {
+            let guard = crate::auth_api::Guard {
+                coord: coord.clone(),
+                path: route.path,
+                access: route.access,
+            };
+            let serve = route
+                .serve
+                .route_layer(axum::middleware::from_fn_with_state(
+                    guard,
+                    crate::auth_api::guard,
+                ));
+            r.route(route.path, serve)
+        })
         .with_state(coord)
 }
 
@@ -188,6 +229,7 @@ async fn metrics(State(c): State<Arc<Coordinator>>) -> impl IntoResponse {
 )]
 async fn create_run(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<Principal>,
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<http::Submitted>)> {
     let malformed = |e: String| {
@@ -204,7 +246,9 @@ async fn create_run(
         Some(Value::String(id)) => Some(id),
         Some(other) => return Err(malformed(format!("run_id must be a string, not {other}"))),
     };
-    let req: SubmitRequest = serde_json::from_value(body).map_err(|e| malformed(e.to_string()))?;
+    let mut req: SubmitRequest =
+        serde_json::from_value(body).map_err(|e| malformed(e.to_string()))?;
+    req.team = p.team;
     let resp = submit::submit_as(&c, req, requested).await?;
     let status = if resp.created {
         StatusCode::CREATED
@@ -220,11 +264,15 @@ async fn create_run(
 }
 
 #[utoipa::path(get, path = "/v1/runs", responses((status = 200, body = Vec<http::RunListing>)))]
-async fn list_runs(State(c): State<Arc<Coordinator>>) -> ApiResult<Json<Vec<http::RunListing>>> {
+async fn list_runs(
+    State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<Principal>,
+) -> ApiResult<Json<Vec<http::RunListing>>> {
     let mut out = Vec::new();
     for id in c.store.list().await.map_err(DriverError::from)? {
-        if let Ok(s) = c.load(&id).await {
-            out.push(http::RunListing::of(&s));
+        match c.load(&id).await {
+            Ok(s) if p.sees(s.team.as_deref()) => out.push(http::RunListing::of(&s)),
+            _ => {}
         }
     }
     Ok(Json(out))

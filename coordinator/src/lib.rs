@@ -3,6 +3,7 @@
 //! Also home of the `fleet` CLI, including the embedded single-process mode.
 
 pub mod api;
+pub mod auth_api;
 pub mod batches;
 pub mod cli;
 pub mod decisions_api;

@@ -36,6 +36,10 @@ pub struct SubmitRequest {
     /// signed with the coordinator's `FLEET_WEBHOOK_SECRET`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,
+    /// The team the run belongs to: the caller's token's, set by the server, never read from
+    /// a request body.
+    #[serde(skip)]
+    pub team: Option<String>,
 }
 
 fn head() -> String {
@@ -201,11 +205,14 @@ pub async fn submit_as(
             meta["run_id"] = json!(id);
         }
     }
-    let run_id = RunId::new(requested.unwrap_or(derived));
+    let team = req.team.clone();
+    let run_id = RunId::new(
+        requested.unwrap_or_else(|| shared::auth::team_run_id(&derived, team.as_deref())),
+    );
     // An existing run (also one restored from object storage) is returned, not restarted, and
     // only when it is this submission's.
     match coord.load(&run_id).await {
-        Ok(existing) => return same_run(&existing, &submission_hash),
+        Ok(existing) => return same_run(&existing, &submission_hash, team.as_deref()),
         Err(DriverError::UnknownRun(_)) => {}
         Err(e) => return Err(e),
     }
@@ -240,13 +247,18 @@ pub async fn submit_as(
     );
     state.budget = budget;
     state.webhook = req.webhook.clone();
+    state.team = team.clone();
     match coord.create_run(state, &bundle).await {
         Ok(true) => Ok(SubmitResponse {
             run_id,
             created: true,
         }),
         // Created by another submission meanwhile: the same rule as above.
-        Ok(false) => same_run(&coord.load(&run_id).await?, &submission_hash),
+        Ok(false) => same_run(
+            &coord.load(&run_id).await?,
+            &submission_hash,
+            team.as_deref(),
+        ),
         // The graph fails on its first step (an expression or template that cannot be
         // evaluated within its bounds): the submission's fault, said as such.
         Err(DriverError::Engine(e)) => {
@@ -257,7 +269,15 @@ pub async fn submit_as(
 }
 
 /// The existing run, when its contents are the submission's; a conflict otherwise.
-fn same_run(existing: &RunState, submission_hash: &str) -> Result<SubmitResponse, DriverError> {
+fn same_run(
+    existing: &RunState,
+    submission_hash: &str,
+    team: Option<&str>,
+) -> Result<SubmitResponse, DriverError> {
+    // Another team's run under the id is never this submission's (nor said to exist).
+    if existing.team.as_deref() != team {
+        return Err(SubmitError::Conflict(existing.run_id.clone()).into());
+    }
     if stored_submission_hash(existing) == submission_hash {
         Ok(SubmitResponse {
             run_id: existing.run_id.clone(),
@@ -536,10 +556,10 @@ mod tests {
 
     #[test]
     fn an_existing_run_is_returned_only_for_the_same_contents() {
-        let same = same_run(&state(json!({"submission_hash": "h1"})), "h1").unwrap();
+        let same = same_run(&state(json!({"submission_hash": "h1"})), "h1", None).unwrap();
         assert_eq!(same.run_id, RunId::new("r1"));
         assert!(!same.created);
-        let other = same_run(&state(json!({"submission_hash": "h1"})), "h2").unwrap_err();
+        let other = same_run(&state(json!({"submission_hash": "h1"})), "h2", None).unwrap_err();
         let msg = other.to_string();
         assert!(
             msg.contains("run `r1` exists with different contents"),
@@ -563,11 +583,13 @@ mod tests {
         };
         let hash = identity.submission_hash(&json!({"x": 1}));
         assert_eq!(stored_submission_hash(&old), hash);
-        assert!(same_run(&old, &hash).is_ok());
+        assert!(same_run(&old, &hash, None).is_ok());
+        // Another team's run under the id is never this submission's.
+        assert!(same_run(&old, &hash, Some("team-b")).is_err());
         let edited = RunIdentity {
             graph_hash: "gh2",
             ..identity
         };
-        assert!(same_run(&old, &edited.submission_hash(&json!({"x": 1}))).is_err());
+        assert!(same_run(&old, &edited.submission_hash(&json!({"x": 1})), None).is_err());
     }
 }

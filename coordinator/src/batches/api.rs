@@ -141,10 +141,13 @@ async fn load_header(c: &Coordinator, id: &str) -> Result<(BatchHeader, u64), Ap
 )]
 pub async fn create_batch(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<BatchSubmitted>), ApiError> {
-    let req: BatchRequest = serde_json::from_slice(&body)
+    let mut req: BatchRequest = serde_json::from_slice(&body)
         .map_err(|e| DriverError::from(SubmitError::Input(format!("malformed batch: {e}"))))?;
+    // The caller's team, whatever the body says.
+    req.team = p.team;
     let submitted = submit_batch(&c, req).await?;
     Ok((created_status(&submitted), Json(submitted)))
 }
@@ -152,10 +155,14 @@ pub async fn create_batch(
 #[utoipa::path(get, path = "/v1/batches", responses((status = 200, body = Vec<BatchListing>)))]
 pub async fn list_batches(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
 ) -> Result<Json<Vec<BatchListing>>, ApiError> {
     let mut out = Vec::new();
     for id in c.store.list_batches().await.map_err(DriverError::from)? {
         if let Some((b, _)) = c.store.batch_header(&id).await.map_err(DriverError::from)? {
+            if !p.sees(b.team.as_deref()) {
+                continue;
+            }
             out.push(BatchListing {
                 counts: b.counts,
                 finished: b.is_finished(),

@@ -46,6 +46,10 @@ pub struct BatchRequest {
     /// `<mirror_dir>/owner__name`, a git repository the coordinator can open (an absolute path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror_dir: Option<String>,
+    /// The team the batch and its runs belong to: set by the server from the caller's token
+    /// (whatever a request body says), kept with the stored request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 /// What `POST /v1/batches` answers.
@@ -113,6 +117,10 @@ pub async fn submit_batch_as(
     if let Some(dir) = &req.mirror_dir {
         identity["mirror_dir"] = json!(dir);
     }
+    // Two teams' batches of the same content are two batches.
+    if let Some(team) = &req.team {
+        identity["team"] = json!(team);
+    }
     let config = canonical_hash(&identity);
     let batch_id = chosen.unwrap_or_else(|| shared::batch::batch_id(&config, &items, &req.spec));
     let graph_ref = format!("graphs/{}.json", req.graph.hash());
@@ -132,7 +140,8 @@ pub async fn submit_batch_as(
         req.spec.clone(),
         &items,
         coord.clock.now(),
-    );
+    )
+    .with_team(req.team.clone());
     let runs = state.items.len();
     let created = coord.store.create_batch(&state).await?;
     if created {
@@ -204,5 +213,6 @@ fn item_request(req: &BatchRequest, item: &DatasetItem) -> Result<SubmitRequest,
         agent: item_agent(item, &req.agent)?,
         budget_usd: None,
         webhook: None,
+        team: req.team.clone(),
     })
 }

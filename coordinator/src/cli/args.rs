@@ -63,6 +63,15 @@ pub struct CoordinatorArgs {
     /// Owner id of this coordinator's outbox claims (unique per process).
     #[arg(long, env = "FLEET_COORDINATOR_ID")]
     pub id: Option<String>,
+    /// Serve the API without tokens, one admin over every team: for local use only (the
+    /// default needs a token on every route but /healthz, /metrics and /v1/openapi.json).
+    #[arg(
+        long,
+        env = "FLEET_OPEN_API",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub open_api: bool,
 }
 
 #[derive(Args)]
@@ -420,6 +429,7 @@ impl RunSpec {
             agent,
             budget_usd: self.budget_usd,
             webhook: self.webhook.clone(),
+            team: None,
         })
     }
 }

@@ -234,6 +234,7 @@ impl BatchSubmitArgs {
             options: self.run.options(),
             spec: self.run.spec()?,
             mirror_dir: self.run.mirror_dir()?,
+            team: None,
         })
     }
 }

@@ -44,6 +44,18 @@ impl<T> Versioned for Vec<T> {
     }
 }
 
+impl Versioned for crate::auth_api::TokenView {
+    fn version(&self) -> Option<u32> {
+        None
+    }
+}
+
+impl Versioned for crate::auth_api::TokenCreated {
+    fn version(&self) -> Option<u32> {
+        None
+    }
+}
+
 impl Versioned for Value {
     fn version(&self) -> Option<u32> {
         self.get("v").and_then(Value::as_u64).map(|v| v as u32)
@@ -76,16 +88,50 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of `server`, sending the API token of `FLEET_TOKEN` when it is set.
     pub fn new(server: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let token = std::env::var("FLEET_TOKEN").unwrap_or_default();
+        if let Ok(mut value) =
+            format!("Bearer {}", token.trim()).parse::<reqwest::header::HeaderValue>()
+        {
+            if !token.trim().is_empty() {
+                value.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, value);
+            }
+        }
         Self {
             server: server.trim_end_matches('/').to_string(),
             // Every call to the API is bounded (the server answers at once or streams nothing).
             http: reqwest::Client::builder()
                 .connect_timeout(std::time::Duration::from_secs(10))
                 .timeout(std::time::Duration::from_secs(120))
+                .default_headers(headers)
                 .build()
                 .unwrap_or_default(),
         }
+    }
+
+    pub async fn create_token(
+        &self,
+        role: shared::auth::Role,
+        name: &str,
+        team: Option<&str>,
+    ) -> anyhow::Result<crate::auth_api::TokenCreated> {
+        let mut body = json!({"role": role, "name": name});
+        if let Some(team) = team {
+            body["team"] = json!(team);
+        }
+        self.post("/v1/tokens", &body).await
+    }
+
+    pub async fn tokens(&self) -> anyhow::Result<Vec<crate::auth_api::TokenView>> {
+        self.get("/v1/tokens").await
+    }
+
+    pub async fn revoke_token(&self, id: &str) -> anyhow::Result<crate::auth_api::TokenView> {
+        self.post(&format!("/v1/tokens/{id}/revoke"), &json!({}))
+            .await
     }
 
     fn url(&self, path: &str) -> String {

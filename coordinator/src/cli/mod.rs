@@ -16,6 +16,7 @@ mod quarantine;
 mod schedule;
 mod serve;
 mod startup;
+mod token;
 mod watch;
 
 pub use args::*;
@@ -70,6 +71,11 @@ pub enum Cmd {
     Quarantine {
         #[command(subcommand)]
         cmd: quarantine::QuarantineCmd,
+    },
+    /// API tokens: create, list, revoke; `bootstrap` makes a team's first admin token.
+    Token {
+        #[command(subcommand)]
+        cmd: token::TokenCmd,
     },
     /// A run's event log (seed 004's events), one JSON line per event.
     Events(EventsArgs),
@@ -289,6 +295,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Batch { cmd } => batch::run(cmd, &mut out).await,
         Cmd::Quarantine { cmd } => quarantine::run(cmd, &mut out).await,
+        Cmd::Token { cmd } => token::run(cmd, &mut out).await,
         Cmd::Schedule { cmd } => schedule::run(cmd, &mut out).await,
         Cmd::Graph { cmd } => match cmd {
             GraphCmd::Check { file } => {

@@ -90,6 +90,7 @@ impl ScheduleAddArgs {
             spec: self.run.spec()?,
             webhook,
             mirror_dir: self.run.mirror_dir()?,
+            team: None,
         })
     }
 }

@@ -95,13 +95,18 @@ pub async fn coordinator(a: CoordinatorArgs) -> anyhow::Result<i32> {
         .await?;
     let broker = connect_broker(&a.backends, wait).await?;
     let blobs = open_store(&a.backends, wait).await?;
-    let coord = Arc::new(Coordinator::new(
+    let mut coord = Coordinator::new(
         id.clone(),
         Arc::new(store),
         Arc::new(broker),
         blobs,
         CoordinatorMetrics::new(),
-    ));
+    );
+    coord.open_api = a.open_api;
+    if a.open_api {
+        tracing::warn!("the API is open: no token is asked for (--open-api, for local use)");
+    }
+    let coord = Arc::new(coord);
     let shutdown = CancellationToken::new();
     let serving = tokio::spawn(coord.clone().serve(shutdown.clone()));
     let listener = tokio::net::TcpListener::bind(&a.listen)

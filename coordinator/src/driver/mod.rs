@@ -76,6 +76,9 @@ pub struct Coordinator {
     /// The key that signs run notices (`FLEET_WEBHOOK_SECRET`); a run may name a webhook
     /// only when it is set.
     pub webhook_secret: Option<String>,
+    /// The API without tokens (`--open-api`, for local use): one admin over every team.
+    /// Otherwise every route but the public ones needs a token.
+    pub open_api: bool,
     http: reqwest::Client,
     /// The version of each run this coordinator last mirrored.
     mirrored: Mutex<HashMap<RunId, u64>>,
@@ -162,6 +165,7 @@ impl Coordinator {
             webhook_secret: std::env::var("FLEET_WEBHOOK_SECRET")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            open_api: false,
             http: crate::schedules::webhook::client(),
         }
     }

@@ -115,7 +115,9 @@ impl Coordinator {
             }
             Err(DriverError::UnknownRun(_)) => {
                 let bundle = self.bundle(&child.run.graph_ref).await?;
-                let state = RunState::new_child(child, &bundle, self.clock.now());
+                let mut state = RunState::new_child(child, &bundle, self.clock.now());
+                // A child run is its parent's team's.
+                state.team = self.load(&link.parent).await.ok().and_then(|p| p.team);
                 if self.create_run(state, &bundle).await? {
                     info!(run = %id, parent = %link.parent, depth = link.depth, "child run started");
                 }

@@ -135,12 +135,14 @@ fn items(def: &ScheduleDef) -> usize {
 )]
 pub async fn create_schedule(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<ScheduleAdded>), ScheduleError> {
-    let req: ScheduleRequest = serde_json::from_slice(&body).map_err(|e| {
+    let mut req: ScheduleRequest = serde_json::from_slice(&body).map_err(|e| {
         let why = format!("malformed schedule: {e}");
         DriverError::from(crate::submit::SubmitError::Input(why))
     })?;
+    req.team = p.team;
     let added = add_schedule(&c, req).await?;
     Ok((StatusCode::CREATED, Json(added)))
 }
@@ -148,6 +150,7 @@ pub async fn create_schedule(
 #[utoipa::path(get, path = "/v1/schedules", responses((status = 200, body = Vec<ScheduleListing>)))]
 pub async fn list_schedules(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
 ) -> Result<Json<Vec<ScheduleListing>>, ScheduleError> {
     let mut out = Vec::new();
     for name in c.store.list_schedules().await.map_err(DriverError::from)? {
@@ -160,6 +163,9 @@ pub async fn list_schedules(
         ) else {
             continue;
         };
+        if !p.sees(l.def.team.as_deref()) {
+            continue;
+        }
         let last = state.firings.last();
         out.push(ScheduleListing {
             cron: l.def.cron.clone(),

@@ -109,6 +109,9 @@ pub struct ScheduleRequest {
     /// path on the coordinators), as a batch's `mirror_dir`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror_dir: Option<String>,
+    /// The caller's team, set by the server (never read from a request body).
+    #[serde(skip)]
+    pub team: Option<String>,
 }
 
 /// What `POST /v1/schedules` answers.
@@ -167,6 +170,7 @@ pub async fn add_schedule(
             secret: w.secret,
         }),
         created_at: now,
+        team: req.team,
         mirror_dir: req.mirror_dir,
     };
     let cron = def.check(now)?;
@@ -258,6 +262,7 @@ pub(crate) async fn create_batch(
         options: def.options.clone(),
         spec: def.fired_spec(&firing.scheduled_for),
         mirror_dir: def.mirror_dir.clone(),
+        team: def.team.clone(),
     };
     let id = &firing.batch_id;
     match submit_batch_as(coord, req, Some(id.clone())).await {

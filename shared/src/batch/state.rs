@@ -245,6 +245,9 @@ pub struct BatchHeader {
     /// Input plus output tokens over every attempt of every item.
     #[serde(default)]
     pub tokens: u64,
+    /// The team that owns the batch and its runs (none: the open API's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 impl BatchHeader {
@@ -457,8 +460,15 @@ impl BatchState {
             counts: BatchCounts::default(),
             cost_usd: 0.0,
             tokens: 0,
+            team: None,
         };
         Self::from_parts(header, items)
+    }
+
+    /// The batch as `team`'s.
+    pub fn with_team(mut self, team: Option<String>) -> Self {
+        self.header.team = team;
+        self
     }
 
     /// A batch of this header and these items, its books counted from the items.

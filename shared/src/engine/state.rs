@@ -196,6 +196,10 @@ pub struct RunState {
     /// Jobs held while the run is paused on its budget, published on a raise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<crate::messages::JobSpec>,
+    /// The team that owns the run (none: submitted through the open API); only its tokens
+    /// see it, and its child runs are the team's too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 /// What a new run starts from (everything but its graph and the time).
@@ -251,6 +255,7 @@ impl RunState {
             budget: None,
             webhook: None,
             held: Vec::new(),
+            team: None,
         }
     }
 

@@ -145,6 +145,9 @@ pub struct ScheduleDef {
     #[serde(default)]
     pub webhook: Option<Webhook>,
     pub created_at: DateTime<Utc>,
+    /// The team that owns the schedule and the batches it starts (none: the open API's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
     /// Where items read from a mirror (SWE-bench lines) find their repositories, as for
     /// `fleet batch submit --mirror-dir` (an absolute path on the coordinators).
     #[serde(default, skip_serializing_if = "Option::is_none")]

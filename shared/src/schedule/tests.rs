@@ -52,6 +52,7 @@ fn def(name: &str, expr: &str) -> ScheduleDef {
         spec: spec(json!({"suite": "calc"})),
         webhook: Some(hook("https://hooks.example.com/x/TOKEN")),
         created_at: t(0),
+        team: None,
         mirror_dir: None,
     }
 }

@@ -108,7 +108,10 @@ mod tests {
             json!("screenshots/2-home.png"),
             json!(7),
         ] {
-            assert!(missing(std::slice::from_ref(&cited), &k).is_err(), "{cited}");
+            assert!(
+                missing(std::slice::from_ref(&cited), &k).is_err(),
+                "{cited}"
+            );
         }
         let none = missing(&[json!("home")], &kept(&[])).unwrap_err();
         assert!(none.contains("it took none"), "{none}");

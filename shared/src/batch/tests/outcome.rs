@@ -72,6 +72,7 @@ pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome
         budget: None,
         webhook: None,
         held: Vec::new(),
+        team: None,
     }
 }
 
