@@ -249,6 +249,7 @@ fn io_crates_are_named_by_their_adapter_only() {
             p == "coordinator/src/store/redis.rs"
                 || p == "coordinator/src/store/redis_batches.rs"
                 || p == "coordinator/src/store/redis_schedules.rs"
+                || p == "coordinator/src/store/redis_tokens.rs"
         }),
         ("object_store", |p| p == "worker/src/blobs.rs"),
         ("git2", |p| p.starts_with("worker/src/git")),

@@ -44,6 +44,9 @@ pub fn base_env(ns: &str) -> Vec<(String, String)> {
         ("RUST_BACKTRACE", "0"),
         // Re-issue a started job 2 s after its own timeout (production default: 60 s).
         ("FLEET_REISSUE_GRACE_SECONDS", "2"),
+        // The API without tokens, as for local use; the auth tests turn it off
+        // (`FLEET_OPEN_API=0` in their coordinator's environment).
+        ("FLEET_OPEN_API", "1"),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -626,9 +629,15 @@ impl Stack {
 
     /// Runs the `fleet` CLI against this stack.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<CliOutput> {
+        self.cli_env(args, &[])
+    }
+
+    /// Runs the `fleet` CLI against this stack with `extra` in its environment (a token).
+    pub fn cli_env(&self, args: &[&str], extra: &[(&str, &str)]) -> anyhow::Result<CliOutput> {
         let mut env = base_env(&self.ns);
         env.extend(self.common_env.iter().cloned());
         env.push(("FLEET_SERVER".into(), self.server.clone()));
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         run_cli(args, &env)
     }
 }
