@@ -114,7 +114,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         shared::schedule::DeliveryAttempt,
         shared::schedule::DeliveryState,
     )),
-    modifiers(&ChosenRunId)
+    modifiers(&ChosenRunId, &BearerTokens)
 )]
 struct ApiDoc;
 
@@ -158,6 +158,54 @@ impl Modify for ChosenRunId {
     }
 }
 
+/// The API's tokens (`Authorization: Bearer fleet_…`): the security scheme, required by every
+/// operation but the public routes', from the route table itself.
+struct BearerTokens;
+
+impl Modify for BearerTokens {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            Http, HttpAuthScheme, SecurityRequirement, SecurityScheme,
+        };
+        if let Some(components) = doc.components.as_mut() {
+            let mut http = Http::new(HttpAuthScheme::Bearer);
+            http.description = Some(
+                "an API token (`fleet token`); a team's token sees only its team's runs, batches, \
+                 schedules and artifacts"
+                    .into(),
+            );
+            components.add_security_scheme("token", SecurityScheme::Http(http));
+        }
+        for route in api::routes() {
+            if route.access == shared::auth::Access::Public {
+                continue;
+            }
+            let path = route
+                .path
+                .split('/')
+                .map(|seg| match seg.strip_prefix([':', '*']) {
+                    Some(name) => format!("{{{name}}}"),
+                    None => seg.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("/");
+            let Some(item) = doc.paths.paths.get_mut(&path) else {
+                continue;
+            };
+            let op = match route.verb {
+                api::Verb::Get => item.get.as_mut(),
+                api::Verb::Post => item.post.as_mut(),
+            };
+            if let Some(op) = op {
+                op.security = Some(vec![SecurityRequirement::new(
+                    "token",
+                    Vec::<String>::new(),
+                )]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +230,21 @@ mod tests {
     const METHODS: [&str; 8] = [
         "get", "put", "post", "delete", "options", "head", "patch", "trace",
     ];
+
+    #[test]
+    fn every_route_but_the_public_ones_asks_for_a_token() {
+        let doc = json();
+        assert_eq!(
+            doc["components"]["securitySchemes"]["token"]["scheme"],
+            "bearer"
+        );
+        for r in api::routes() {
+            let op = &doc["paths"][templated(r.path)][r.verb.as_str()];
+            let secured = op["security"] == serde_json::json!([{"token": []}]);
+            let public = r.access == shared::auth::Access::Public;
+            assert_eq!(secured, !public, "{} {}: {op}", r.verb.as_str(), r.path);
+        }
+    }
 
     #[test]
     fn the_document_lists_every_route_the_router_serves_and_no_other() {
