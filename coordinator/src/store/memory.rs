@@ -145,7 +145,9 @@ impl TokenStore for MemoryRunStore {
         Ok(self.lock().tokens.iter().find(|t| t.hash == hash).cloned())
     }
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, PortError> {
-        Ok(self.lock().tokens.clone())
+        let mut all = self.lock().tokens.clone();
+        all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        Ok(all)
     }
     async fn revoke_token(
         &self,
