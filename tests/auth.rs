@@ -7,7 +7,9 @@
 //! - every route that names team A's run, batch, schedule or artifact answers team B's admin
 //!   404, as for something that does not exist; B's lists hold nothing of A's;
 //! - the same submission by both teams makes two runs; A's member submits, approves and
-//!   reads its own run.
+//!   reads its own run;
+//! - the coordinator opens a repository path only beneath the roots its admin allows
+//!   (`FLEET_REPO_ROOTS`), symlinks resolved.
 
 use coordinator::api::{routes, Verb};
 use fleet_tests::stack::{example, make_calc_repo, Stack, StackConfig};
@@ -74,10 +76,12 @@ fn token_of(out: &fleet_tests::stack::CliOutput) -> anyhow::Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow::Result<()> {
+    // The stack's repositories are made beneath the temporary folder: the one root allowed.
+    let root = std::env::temp_dir().canonicalize()?.display().to_string();
     let stack = Stack::start_config(StackConfig {
         tag: "auth",
         workers: 1,
-        coordinator_env: &[("FLEET_OPEN_API", "0")],
+        coordinator_env: &[("FLEET_OPEN_API", "0"), ("FLEET_REPO_ROOTS", &root)],
         ..StackConfig::default()
     })
     .await?;
@@ -138,6 +142,28 @@ async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow:
     let run_a = out.stdout.trim().to_string();
     let out = stack.cli_env(&submit_args, &[("FLEET_TOKEN", viewer_a.as_str())])?;
     assert_ne!(out.code, 0, "a viewer cannot submit");
+    // A repository outside the allowed root, directly or through a symlink beneath it.
+    let bundle = shared::graph::load_bundle("graph.yaml", GRAPH, |p| {
+        std::fs::read_to_string(dir.join(p)).map_err(|e| e.to_string())
+    })
+    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let link = stack.dir.path().join("escape");
+    std::os::unix::fs::symlink("/etc", &link)?;
+    for outside in ["/etc", &link.display().to_string()] {
+        let resp = api
+            .http
+            .post(format!("{}/v1/runs", stack.server))
+            .header("Authorization", format!("Bearer {member_a}"))
+            .json(&json!({"graph": bundle, "input": {}, "repo": outside}))
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let body = resp.text().await?;
+        assert!(
+            status == 400 && body.contains("not beneath a root"),
+            "{outside}: {status} {body}"
+        );
+    }
     // The same submission by team B is another run.
     let out = stack.cli_env(&submit_args, &[("FLEET_TOKEN", admin_b.as_str())])?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);

@@ -11,6 +11,7 @@ pub mod driver;
 pub mod embedded;
 pub mod metrics;
 pub mod openapi;
+pub mod repo_roots;
 pub mod schedules;
 pub mod store;
 pub mod submit;

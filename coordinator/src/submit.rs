@@ -140,6 +140,11 @@ pub async fn submit_as(
 ) -> Result<SubmitResponse, DriverError> {
     let bundle = req.graph;
     check(&bundle).map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect()))?;
+    // Before anything else touches the disk: a path this coordinator may open at all.
+    coord
+        .repo_roots
+        .check(&req.repo, coord.open_api)
+        .map_err(SubmitError::Input)?;
     let budget = match req.budget_usd.map(shared::tracking::RunBudget::new) {
         None => None,
         Some(Ok(b)) => Some(b),

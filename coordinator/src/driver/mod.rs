@@ -77,8 +77,12 @@ pub struct Coordinator {
     /// only when it is set.
     pub webhook_secret: Option<String>,
     /// The API without tokens (`--open-api`, for local use): one admin over every team.
-    /// Otherwise every route but the public ones needs a token.
+    /// Otherwise every route but the public ones needs a token. True for the embedded mode and
+    /// tests; `fleet coordinator` sets it from its flag (off by default).
     pub open_api: bool,
+    /// Where on this coordinator's disk a submission may name a repository
+    /// (`FLEET_REPO_ROOTS`).
+    pub repo_roots: crate::repo_roots::RepoRoots,
     http: reqwest::Client,
     /// The version of each run this coordinator last mirrored.
     mirrored: Mutex<HashMap<RunId, u64>>,
@@ -165,7 +169,8 @@ impl Coordinator {
             webhook_secret: std::env::var("FLEET_WEBHOOK_SECRET")
                 .ok()
                 .filter(|s| !s.is_empty()),
-            open_api: false,
+            open_api: true,
+            repo_roots: crate::repo_roots::RepoRoots::from_env(),
             http: crate::schedules::webhook::client(),
         }
     }
