@@ -149,7 +149,22 @@ async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow:
     .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let link = stack.dir.path().join("escape");
     std::os::unix::fs::symlink("/etc", &link)?;
-    for outside in ["/etc", &link.display().to_string()] {
+    // Beneath the root, but git would read elsewhere: borrowed objects, a `.git` file.
+    let borrowing = make_calc_repo(&stack.dir.path().join("borrowing"))?;
+    std::fs::write(borrowing.join(".git/objects/info/alternates"), "/etc\n")?;
+    let pointing = stack.dir.path().join("pointing");
+    std::fs::create_dir_all(&pointing)?;
+    std::fs::write(pointing.join(".git"), "gitdir: /etc\n")?;
+    let cases = [
+        ("/etc".to_string(), "not beneath a root"),
+        (link.display().to_string(), "not beneath a root"),
+        (
+            borrowing.display().to_string(),
+            "its borrowed object store `/etc`",
+        ),
+        (pointing.display().to_string(), "its git directory `/etc`"),
+    ];
+    for (outside, why) in &cases {
         let resp = api
             .http
             .post(format!("{}/v1/runs", stack.server))
@@ -160,7 +175,7 @@ async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow:
         let status = resp.status().as_u16();
         let body = resp.text().await?;
         assert!(
-            status == 400 && body.contains("not beneath a root"),
+            status == 400 && body.contains(why),
             "{outside}: {status} {body}"
         );
     }
