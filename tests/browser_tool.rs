@@ -296,16 +296,6 @@ server.serve_forever()
 
 const LATE_PORT: u16 = 8323;
 
-/// One JSON line per event of the run's log (`fleet events RUN --type T`).
-fn events(stack: &Stack, run: &str, kind: &str) -> anyhow::Result<Vec<Value>> {
-    let out = stack.cli(&["events", run, "--type", kind])?;
-    anyhow::ensure!(out.code == 0, "events failed: {}", out.stderr);
-    out.stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).map_err(Into::into))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_not_up_yet_is_retried_per_its_class_and_a_bad_selector_is_not() -> anyhow::Result<()>
 {
@@ -399,11 +389,11 @@ async fn a_page_not_up_yet_is_retried_per_its_class_and_a_bad_selector_is_not() 
     assert!(log.contains("GET /index.html"), "{log}");
 
     // The run's event log tells the same story, from the worker's executor.
-    let retries = events(&stack, &run, "tool_retry")?;
+    let retries = stack.events(&run, "tool_retry")?;
     let waits: Vec<&Value> = retries.iter().map(|e| &e["data"]["wait_seconds"]).collect();
     assert_eq!(waits, [&json!(1), &json!(3)], "{retries:?}");
     assert!(retries.iter().all(|e| e["data"]["tool"] == "browser"));
-    let errors = events(&stack, &run, "tool_error")?;
+    let errors = stack.events(&run, "tool_error")?;
     let classes: Vec<(String, String)> = errors
         .iter()
         .filter(|e| e["data"]["preflight"] != true)
@@ -438,7 +428,7 @@ async fn a_page_not_up_yet_is_retried_per_its_class_and_a_bad_selector_is_not() 
             && e["data"]["required"] == false),
         "{errors:?}"
     );
-    let uses = events(&stack, &run, "tool_use")?;
+    let uses = stack.events(&run, "tool_use")?;
     let outcomes: Vec<(Value, Value)> = uses
         .iter()
         .filter(|e| e["data"]["tool"] == "browser")
@@ -464,7 +454,7 @@ async fn a_page_not_up_yet_is_retried_per_its_class_and_a_bad_selector_is_not() 
     let failed = out.stdout.trim().to_string();
     let status = stack.wait_run(&failed, Duration::from_secs(120)).await?;
     assert_eq!(status["status"], "failed", "{status}");
-    let errors = events(&stack, &failed, "tool_error")?;
+    let errors = stack.events(&failed, "tool_error")?;
     let missing: Vec<&Value> = errors
         .iter()
         .filter(|e| e["data"]["required"] == true)

@@ -158,6 +158,17 @@ impl Modify for ChosenRunId {
     }
 }
 
+/// A route's path as OpenAPI writes it: `:id` and `*key` become `{id}` and `{key}`.
+fn templated(path: &str) -> String {
+    path.split('/')
+        .map(|seg| match seg.strip_prefix([':', '*']) {
+            Some(name) => format!("{{{name}}}"),
+            None => seg.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// The API's tokens (`Authorization: Bearer fleet_…`): the security scheme, required by every
 /// operation but the public routes', from the route table itself.
 struct BearerTokens;
@@ -180,16 +191,7 @@ impl Modify for BearerTokens {
             if route.access == shared::auth::Access::Public {
                 continue;
             }
-            let path = route
-                .path
-                .split('/')
-                .map(|seg| match seg.strip_prefix([':', '*']) {
-                    Some(name) => format!("{{{name}}}"),
-                    None => seg.to_string(),
-                })
-                .collect::<Vec<_>>()
-                .join("/");
-            let Some(item) = doc.paths.paths.get_mut(&path) else {
+            let Some(item) = doc.paths.paths.get_mut(&templated(route.path)) else {
                 continue;
             };
             let op = match route.verb {
@@ -211,17 +213,6 @@ mod tests {
     use super::*;
     use serde_json::Value;
     use std::collections::BTreeSet;
-
-    /// A route's path as OpenAPI writes it: `:id` and `*key` become `{id}` and `{key}`.
-    fn templated(path: &str) -> String {
-        path.split('/')
-            .map(|seg| match seg.strip_prefix([':', '*']) {
-                Some(name) => format!("{{{name}}}"),
-                None => seg.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("/")
-    }
 
     fn json() -> Value {
         serde_json::to_value(document()).expect("the document serializes")

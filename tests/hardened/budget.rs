@@ -34,15 +34,6 @@ nodes:
   done: {kind: exit, status: work.ok}
 "#;
 
-fn events(stack: &Stack, run: &str, kind: &str) -> anyhow::Result<Vec<Value>> {
-    let out = stack.cli(&["events", run, "--type", kind])?;
-    anyhow::ensure!(out.code == 0, "{}", out.stderr);
-    out.stdout
-        .lines()
-        .map(|l| Ok(serde_json::from_str(l)?))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_pauses_at_its_budget_and_resumes_when_raised_with_signed_notices(
 ) -> anyhow::Result<()> {
@@ -130,10 +121,10 @@ async fn a_run_pauses_at_its_budget_and_resumes_when_raised_with_signed_notices(
     assert_eq!(summary["status"], "running", "paused, not ended: {summary}");
     assert_eq!(summary["jobs_held"], 1);
     assert_eq!(summary["budget"]["paused"], true);
-    let warnings = events(&stack, &run, "budget_warning")?;
+    let warnings = stack.events(&run, "budget_warning")?;
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!((warnings[0]["data"]["spent_usd"].as_f64().unwrap() - 0.3).abs() < 1e-9);
-    assert_eq!(events(&stack, &run, "budget_exhausted")?.len(), 1);
+    assert_eq!(stack.events(&run, "budget_exhausted")?.len(), 1);
 
     // A raise must be above what was spent; a refused one changes nothing.
     let out = stack.cli(&["budget", &run, "--usd", "0.3", "--by", "ana"])?;

@@ -632,6 +632,16 @@ impl Stack {
         self.cli_env(args, &[])
     }
 
+    /// The run's event log of one type (`fleet events RUN --type KIND`), one value per line.
+    pub fn events(&self, run: &str, kind: &str) -> anyhow::Result<Vec<Value>> {
+        let out = self.cli(&["events", run, "--type", kind])?;
+        anyhow::ensure!(out.code == 0, "events failed: {}", out.stderr);
+        out.stdout
+            .lines()
+            .map(|l| Ok(serde_json::from_str(l)?))
+            .collect()
+    }
+
     /// Runs the `fleet` CLI against this stack with `extra` in its environment (a token).
     pub fn cli_env(&self, args: &[&str], extra: &[(&str, &str)]) -> anyhow::Result<CliOutput> {
         let mut env = base_env(&self.ns);

@@ -6,10 +6,13 @@ use proptest::prelude::*;
 use shared::resilience::RetryConfig;
 use std::sync::Mutex;
 
-/// A session that records every argv and answers with canned output.
+/// A session that records every argv and answers with canned output, after failing its
+/// first `failures` execs with `error`.
 struct Canned {
     out: ExecOutput,
     seen: Mutex<Vec<Vec<String>>>,
+    failures: usize,
+    error: fn() -> SandboxError,
 }
 
 #[async_trait]
@@ -20,7 +23,11 @@ impl Session for Canned {
         _stdin: Option<Vec<u8>>,
         _timeout: Duration,
     ) -> Result<ExecOutput, SandboxError> {
-        self.seen.lock().unwrap().push(argv.to_vec());
+        let mut seen = self.seen.lock().unwrap();
+        seen.push(argv.to_vec());
+        if seen.len() <= self.failures {
+            return Err((self.error)());
+        }
         Ok(self.out.clone())
     }
     async fn remove(&self) -> Result<(), SandboxError> {
@@ -97,6 +104,8 @@ proptest! {
                 ..ExecOutput::default()
             },
             seen: Mutex::new(Vec::new()),
+            failures: 0,
+            error: reset,
         };
         let tools = ToolBox {
             session: &session,
@@ -127,49 +136,6 @@ proptest! {
     }
 }
 
-/// A session whose first `failures` execs fail with `error`, then answer `ok`.
-struct Flaky {
-    failures: usize,
-    error: fn() -> SandboxError,
-    calls: Mutex<usize>,
-}
-
-#[async_trait]
-impl Session for Flaky {
-    async fn exec(
-        &self,
-        _argv: &[String],
-        _stdin: Option<Vec<u8>>,
-        _timeout: Duration,
-    ) -> Result<ExecOutput, SandboxError> {
-        let mut calls = self.calls.lock().unwrap();
-        *calls += 1;
-        if *calls <= self.failures {
-            return Err((self.error)());
-        }
-        Ok(ExecOutput {
-            stdout: b"ok".to_vec(),
-            ..ExecOutput::default()
-        })
-    }
-    async fn remove(&self) -> Result<(), SandboxError> {
-        Ok(())
-    }
-    fn mounts(&self) -> Mounts {
-        Mounts {
-            work: "/work".into(),
-            harness: None,
-            gateway: None,
-        }
-    }
-    async fn kill_strays(&self) -> Result<(), SandboxError> {
-        Ok(())
-    }
-    fn isolated(&self) -> bool {
-        true
-    }
-}
-
 fn reset() -> SandboxError {
     SandboxError::Other("read: connection reset by peer".into())
 }
@@ -186,10 +152,14 @@ fn flaky_call(
     name: &str,
     input: Value,
 ) -> (Result<String, String>, usize, Vec<(String, Value)>) {
-    let session = Flaky {
+    let session = Canned {
+        out: ExecOutput {
+            stdout: b"ok".to_vec(),
+            ..ExecOutput::default()
+        },
+        seen: Mutex::new(Vec::new()),
         failures,
         error,
-        calls: Mutex::new(0),
     };
     let journal = Journal::default();
     let fast = RetryConfig {
@@ -217,7 +187,7 @@ fn flaky_call(
             (kind.as_str().unwrap().to_string(), e.data)
         })
         .collect();
-    let calls = *session.calls.lock().unwrap();
+    let calls = session.seen.lock().unwrap().len();
     (answer, calls, events)
 }
 
