@@ -8,14 +8,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use shared::engine::RunState;
 use shared::factory::RunIdentity;
-use shared::graph::{check, Graph, GraphBundle, NodeKind};
-use shared::hashing::sha256_hex;
+use shared::graph::{check, GraphBundle};
 use shared::ids::RunId;
-use shared::messages::{AgentConfig, RepoSnapshot, ScriptStep};
-use std::collections::BTreeMap;
-use std::path::Path;
+use shared::messages::{AgentConfig, RepoSnapshot};
 use thiserror::Error;
-use worker::git::{pack_commit, resolve_clean, GitError};
+use worker::git::GitError;
 
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -23,8 +20,13 @@ pub struct SubmitRequest {
     #[schema(value_type = Object)]
     pub graph: GraphBundle,
     pub input: Value,
-    /// A path the coordinator can open (the seed's product repo).
+    /// A path the coordinator can open (beneath a root an admin allows, or any with the open
+    /// API); empty with `upload`.
+    #[serde(default)]
     pub repo: String,
+    /// The repository uploaded by the submitter (`POST /v1/uploads`): the pack and the commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<shared::http::RepoUpload>,
     #[serde(default = "head")]
     pub git_ref: String,
     #[serde(default)]
@@ -61,6 +63,9 @@ pub enum SubmitError {
     Input(String),
     #[error("preflight: {0}")]
     Preflight(String),
+    /// A team's quota refuses the run now (its runs under way).
+    #[error("quota: {0}")]
+    Quota(String),
     /// The run id names a run whose contents differ from this submission's.
     #[error(
         "run `{0}` exists with different contents (graph bundle, input, agent or repository): \
@@ -74,51 +79,6 @@ impl From<GitError> for SubmitError {
     fn from(e: GitError) -> Self {
         SubmitError::Preflight(e.to_string())
     }
-}
-
-/// A repository at a ref as a run starts from it: the commit, its pack's key and the seed's
-/// tree hash, and the pack's bytes when they are not known to be stored yet.
-struct Snapshot {
-    commit: String,
-    pack_key: String,
-    tree_hash: String,
-    pack: Option<Vec<u8>>,
-}
-
-/// The clean-tree preflight and the commit of `git_ref` every time; the pack and the tree
-/// hash from the coordinator's memory when this repository's commit was packed before (a
-/// batch's items share their repositories), else packed now.
-async fn snapshot(coord: &Coordinator, repo: &str, git_ref: &str) -> Result<Snapshot, DriverError> {
-    let (path, refname) = (Path::new(repo).to_path_buf(), git_ref.to_string());
-    let commit = blocking_git(move || resolve_clean(&path, &refname)).await?;
-    if let Some((pack_key, tree_hash)) = coord.known_snapshot(repo, &commit) {
-        return Ok(Snapshot {
-            commit,
-            pack_key,
-            tree_hash,
-            pack: None,
-        });
-    }
-    let path = Path::new(repo).to_path_buf();
-    let packed = blocking_git(move || pack_commit(&path, &commit)).await?;
-    let tree_hash =
-        shared::factory::tree_hash(packed.files.iter().map(|(p, b)| (p.as_str(), b.as_slice())));
-    Ok(Snapshot {
-        commit: packed.commit,
-        pack_key: format!("packs/{}.pack", sha256_hex(&packed.pack)),
-        tree_hash,
-        pack: Some(packed.pack),
-    })
-}
-
-/// `f` (libgit2 work) on the blocking pool; its error a preflight error of the submission.
-async fn blocking_git<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, GitError> + Send + 'static,
-) -> Result<T, SubmitError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| SubmitError::Preflight(e.to_string()))?
-        .map_err(SubmitError::from)
 }
 
 /// Validates a submission and creates the run under its derived id. Nothing is stored or
@@ -138,13 +98,24 @@ pub async fn submit_as(
     req: SubmitRequest,
     requested: Option<String>,
 ) -> Result<SubmitResponse, DriverError> {
-    let bundle = req.graph;
+    let bundle = req.graph.clone();
     check(&bundle).map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect()))?;
     // Before anything else touches the disk: a path this coordinator may open at all.
-    coord
-        .repo_roots
-        .check(&req.repo, coord.open_api)
-        .map_err(SubmitError::Input)?;
+    match (&req.upload, req.repo.is_empty()) {
+        (Some(_), false) => {
+            return Err(SubmitError::Input(
+                "name the repository by `repo` or by `upload`, not both".into(),
+            )
+            .into())
+        }
+        (Some(upload), true) => {
+            upload.shown().map_err(SubmitError::Input)?;
+        }
+        (None, _) => coord
+            .repo_roots
+            .check(&req.repo, coord.open_api)
+            .map_err(SubmitError::Input)?,
+    }
     let budget = match req.budget_usd.map(shared::tracking::RunBudget::new) {
         None => None,
         Some(Ok(b)) => Some(b),
@@ -164,7 +135,7 @@ pub async fn submit_as(
         hook.check()
             .map_err(|e| SubmitError::Input(format!("webhook: {e}")))?;
     }
-    if let Some(why) = agent_exceeds(&req.agent, &bundle.graph) {
+    if let Some(why) = crate::agent_checks::agent_exceeds(&req.agent, &bundle.graph) {
         return Err(SubmitError::Input(why).into());
     }
     if let Some(id) = &requested {
@@ -181,7 +152,10 @@ pub async fn submit_as(
         shared::schema::validate(&schema, &req.input)
             .map_err(|e| SubmitError::Input(e.replace("output breaks", "input breaks")))?;
     }
-    let packed = snapshot(coord, &req.repo, &req.git_ref).await?;
+    let packed = match &req.upload {
+        Some(upload) => crate::snapshot::of_upload(coord, req.team.as_deref(), upload).await?,
+        None => crate::snapshot::of_path(coord, &req.repo, &req.git_ref).await?,
+    };
     let tree_hash = packed.tree_hash.clone();
 
     let graph_hash = bundle.hash();
@@ -222,8 +196,63 @@ pub async fn submit_as(
         Err(e) => return Err(e),
     }
 
+    // A team's runs under way count against its limit; the run is counted before it exists,
+    // and given back if it is not made.
+    if let Some(team) = &team {
+        crate::team_api::admit_run(coord, team, &run_id).await?;
+    }
+    let run = PreparedRun {
+        input,
+        meta,
+        run_id: run_id.clone(),
+        budget,
+    };
+    let made = make_run(coord, &bundle, req, packed, run).await;
+    if let (Err(_), Some(team)) = (&made, &team) {
+        let _ = coord.ledger.run_ended(team, run_id.as_str()).await;
+    }
+    let made = made?;
+    match made {
+        true => Ok(SubmitResponse {
+            run_id,
+            created: true,
+        }),
+        // Created by another submission meanwhile: the same rule as above.
+        false => same_run(
+            &coord.load(&run_id).await?,
+            &submission_hash,
+            team.as_deref(),
+        ),
+    }
+}
+
+/// What the run starts with besides its graph, repository and agent.
+struct PreparedRun {
+    input: Value,
+    meta: Value,
+    run_id: RunId,
+    budget: Option<shared::tracking::RunBudget>,
+}
+
+/// Stores the bundle and the pack and creates the run; false when a run with its id exists.
+async fn make_run(
+    coord: &Coordinator,
+    bundle: &GraphBundle,
+    req: SubmitRequest,
+    packed: crate::snapshot::Snapshot,
+    run: PreparedRun,
+) -> Result<bool, DriverError> {
+    let PreparedRun {
+        input,
+        meta,
+        run_id,
+        budget,
+    } = run;
+    let team = req.team.clone();
+    let tree_hash = packed.tree_hash.clone();
+    let graph_hash = bundle.hash();
     let graph_ref = format!("graphs/{graph_hash}.json");
-    let bundle_bytes = serde_json::to_vec(&bundle).expect("a bundle serializes");
+    let bundle_bytes = serde_json::to_vec(bundle).expect("a bundle serializes");
     coord.put_content_once(&graph_ref, bundle_bytes).await?;
     if let Some(pack) = packed.pack {
         coord.put_content_once(&packed.pack_key, pack).await?;
@@ -234,7 +263,10 @@ pub async fn submit_as(
         );
     }
     let repo = RepoSnapshot {
-        url: req.repo.clone(),
+        url: match &req.upload {
+            Some(u) => u.shown().unwrap_or_else(|_| format!("upload:{}", u.pack)),
+            None => req.repo.clone(),
+        },
         base_commit: packed.commit,
         packs: vec![packed.pack_key],
     };
@@ -247,23 +279,23 @@ pub async fn submit_as(
             repo,
             agent: req.agent,
         },
-        &bundle,
+        bundle,
         coord.clock.now(),
     );
     state.budget = budget;
-    state.webhook = req.webhook.clone();
+    // A run that names no webhook of its own notifies its team's, if the team has one.
+    state.webhook = match (&req.webhook, &team) {
+        (Some(url), _) => Some(url.clone()),
+        (None, Some(team)) => coord
+            .ledger
+            .webhook(team)
+            .await
+            .map_err(|e| SubmitError::Preflight(e.to_string()))?,
+        (None, None) => None,
+    };
     state.team = team.clone();
-    match coord.create_run(state, &bundle).await {
-        Ok(true) => Ok(SubmitResponse {
-            run_id,
-            created: true,
-        }),
-        // Created by another submission meanwhile: the same rule as above.
-        Ok(false) => same_run(
-            &coord.load(&run_id).await?,
-            &submission_hash,
-            team.as_deref(),
-        ),
+    match coord.create_run(state, bundle).await {
+        Ok(created) => Ok(created),
         // The graph fails on its first step (an expression or template that cannot be
         // evaluated within its bounds): the submission's fault, said as such.
         Err(DriverError::Engine(e)) => {
@@ -323,218 +355,10 @@ fn stored_submission_hash(state: &RunState) -> String {
     .submission_hash(&state.input)
 }
 
-/// What is wrong with a command agent: no program, or budgets past `shared::limits`.
-fn command_exceeds(c: &shared::messages::CommandAgent) -> Option<String> {
-    use shared::limits::{MAX_COMMAND_CALLS, MAX_COMMAND_TOKENS};
-    if c.argv.first().is_none_or(|p| p.trim().is_empty()) {
-        return Some("the command agent has no program (`argv` is empty)".into());
-    }
-    if c.model.trim().is_empty() {
-        return Some("the command agent has no model".into());
-    }
-    if c.max_calls == 0 || c.max_calls > MAX_COMMAND_CALLS {
-        return Some(format!(
-            "max_calls is {}; it must be between 1 and {MAX_COMMAND_CALLS}",
-            c.max_calls
-        ));
-    }
-    if c.max_tokens == 0 || c.max_tokens > MAX_COMMAND_TOKENS {
-        return Some(format!(
-            "max_tokens is {}; it must be between 1 and {MAX_COMMAND_TOKENS}",
-            c.max_tokens
-        ));
-    }
-    None
-}
-
-/// What is wrong with the submission's agent for this graph, as a message: budgets past
-/// `shared::limits`, or a script that cannot drive the graph's agent nodes (empty, an empty
-/// entry for an agent node, none for the start node, or steps only for nodes that are not
-/// the graph's agents).
-fn agent_exceeds(agent: &AgentConfig, graph: &Graph) -> Option<String> {
-    use shared::limits::{MAX_TOKENS, MAX_TURNS};
-    let agents: Vec<&str> = graph
-        .nodes
-        .iter()
-        .filter(|(_, n)| n.kind() == NodeKind::Agent)
-        .map(|(id, _)| id.as_str())
-        .collect();
-    let llm = match agent {
-        AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => c,
-        AgentConfig::Scripted { script } => return script_misses(script, graph, &agents),
-        AgentConfig::Command(c) => return command_exceeds(c),
-    };
-    if llm.max_turns == 0 || llm.max_turns > MAX_TURNS {
-        return Some(format!(
-            "max_turns is {}; it must be between 1 and {MAX_TURNS}",
-            llm.max_turns
-        ));
-    }
-    if llm.max_tokens == 0 || llm.max_tokens > MAX_TOKENS {
-        return Some(format!(
-            "max_tokens is {}; it must be between 1 and {MAX_TOKENS}",
-            llm.max_tokens
-        ));
-    }
-    if !llm.temperature.is_finite() || !(0.0..=2.0).contains(&llm.temperature) {
-        return Some(format!(
-            "temperature is {}; it must be between 0 and 2",
-            llm.temperature
-        ));
-    }
-    None
-}
-
-/// A scripted agent for a graph with agent nodes: every entry it has for an agent node has
-/// steps, the start node (when it is an agent) has an entry, and at least one agent node has
-/// one. Nodes that may never run (a path the script does not take) need none.
-fn script_misses(
-    script: &BTreeMap<String, Vec<ScriptStep>>,
-    graph: &Graph,
-    agents: &[&str],
-) -> Option<String> {
-    if agents.is_empty() {
-        return None;
-    }
-    let steps: usize = script.values().map(Vec::len).sum();
-    if steps == 0 {
-        return Some(format!(
-            "the graph has agent nodes ({}) and the agent script has no steps",
-            agents.join(", ")
-        ));
-    }
-    if let Some(empty) = agents
-        .iter()
-        .find(|a| script.get(**a).is_some_and(Vec::is_empty))
-    {
-        return Some(format!(
-            "the agent script's entry for node `{empty}` has no steps"
-        ));
-    }
-    let start = graph.start.as_str();
-    if agents.contains(&start) && !script.contains_key(start) {
-        return Some(format!(
-            "the graph starts with agent node `{start}` and the agent script has no steps for it"
-        ));
-    }
-    if !agents.iter().any(|a| script.contains_key(*a)) {
-        return Some(format!(
-            "the agent script has steps for {} but none for the graph's agent nodes ({})",
-            script
-                .keys()
-                .map(|k| format!("`{k}`"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            agents.join(", ")
-        ));
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::messages::LlmConfig;
-
-    fn llm(turns: u32, tokens: u32) -> AgentConfig {
-        AgentConfig::Anthropic(LlmConfig {
-            model: "m".into(),
-            temperature: 0.0,
-            max_tokens: tokens,
-            max_turns: turns,
-        })
-    }
-
-    fn graph(start: &str) -> Graph {
-        serde_yaml::from_str(&format!(
-            "name: g\nstart: {start}\nnodes:\n  \
-             a: {{kind: agent, template: t.j2, output_schema: s.json}}\n  \
-             b: {{kind: agent, template: t.j2, output_schema: s.json}}\n  \
-             c: {{kind: command, commands: [x]}}\n"
-        ))
-        .expect("a graph")
-    }
-
-    fn no_agents() -> Graph {
-        serde_yaml::from_str("name: g\nstart: c\nnodes:\n  c: {kind: command, commands: [x]}\n")
-            .expect("a graph")
-    }
-
-    fn script(entries: &[(&str, usize)]) -> AgentConfig {
-        AgentConfig::Scripted {
-            script: entries
-                .iter()
-                .map(|(node, n)| (node.to_string(), vec![ScriptStep::default(); *n]))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn agent_budgets_past_the_limits_are_refused() {
-        let g = graph("a");
-        assert_eq!(agent_exceeds(&llm(20, 4096), &g), None);
-        assert!(agent_exceeds(&llm(4_000_000_000, 4096), &g)
-            .unwrap()
-            .contains("max_turns is 4000000000"));
-        assert!(agent_exceeds(&llm(20, 0), &g)
-            .unwrap()
-            .contains("max_tokens"));
-    }
-
-    #[test]
-    fn command_agents_without_a_program_or_past_their_limits_are_refused() {
-        let g = graph("a");
-        let command = |argv: &[&str], model: &str, calls: u32, tokens: u64| {
-            AgentConfig::Command(shared::messages::CommandAgent {
-                argv: argv.iter().map(|a| a.to_string()).collect(),
-                api: shared::messages::LlmApi::Anthropic,
-                model: model.into(),
-                max_calls: calls,
-                max_tokens: tokens,
-            })
-        };
-        assert_eq!(agent_exceeds(&command(&["agent"], "m", 5, 100), &g), None);
-        let why = |a| agent_exceeds(&a, &g).unwrap_or_default();
-        assert!(why(command(&[], "m", 5, 100)).contains("no program"));
-        assert!(why(command(&["  "], "m", 5, 100)).contains("no program"));
-        assert!(why(command(&["agent"], " ", 5, 100)).contains("no model"));
-        assert!(why(command(&["agent"], "m", 0, 100)).contains("max_calls is 0"));
-        assert!(why(command(&["agent"], "m", 5, u64::MAX)).contains("max_tokens"));
-    }
-
-    #[test]
-    fn scripts_that_cannot_drive_the_graph_are_refused() {
-        let g = graph("a");
-        let empty = script(&[]);
-        assert!(agent_exceeds(&empty, &g).unwrap().contains("no steps"));
-        assert_eq!(
-            agent_exceeds(&empty, &no_agents()),
-            None,
-            "graphs without agents need none"
-        );
-        assert!(agent_exceeds(&script(&[("a", 0)]), &g)
-            .unwrap()
-            .contains("no steps"));
-        let only_b_empty = agent_exceeds(&script(&[("a", 1), ("b", 0)]), &g).unwrap();
-        assert!(
-            only_b_empty.contains("node `b` has no steps"),
-            "{only_b_empty}"
-        );
-        let no_start = agent_exceeds(&script(&[("b", 1)]), &g).unwrap();
-        assert!(
-            no_start.contains("starts with agent node `a`"),
-            "{no_start}"
-        );
-        let elsewhere = agent_exceeds(&script(&[("se", 2)]), &graph("c")).unwrap();
-        assert!(
-            elsewhere.contains("steps for `se` but none for the graph's agent nodes (a, b)"),
-            "{elsewhere}"
-        );
-        // A node the script's path never reaches may go without steps.
-        assert_eq!(agent_exceeds(&script(&[("a", 1)]), &g), None);
-        assert_eq!(agent_exceeds(&script(&[("b", 1)]), &graph("c")), None);
-    }
-
+    use crate::agent_checks::tests::{no_agents, script};
     fn state(meta: Value) -> RunState {
         let bundle = GraphBundle {
             source: "g.yaml".into(),

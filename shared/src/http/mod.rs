@@ -2,11 +2,15 @@
 //! (`coordinator::cli::client`): one definition per body, so the two cannot drift apart. Every
 //! body names the API version it speaks (`v`); a client refuses a body of another version.
 
+mod graph_view;
 mod quarantine;
 mod tree;
+mod upload;
 
+pub use graph_view::{EdgeView, GraphView, NodeState, NodeView, ARTIFACTS_PER_NODE};
 pub use quarantine::{QuarantineDecided, QuarantineItem, QuarantineView};
 pub use tree::{ChildView, RunTree, TreeView};
+pub use upload::{is_commit_id, is_sha256_hex, RepoUpload, Uploaded};
 
 use crate::engine::{ApprovalState, JobState, RunState, RunStatus};
 use crate::ids::{JobId, NodeId, RunId};

@@ -19,11 +19,13 @@ mod mirror;
 mod repo;
 #[cfg(test)]
 mod tests;
+mod upload;
 mod worktree;
 
 pub use changes::patch_changes;
 pub use mirror::GitCache;
 pub use repo::{files_on_disk, pack_commit, pack_repository, resolve_clean, RepoPack};
+pub use upload::{inspect_pack, UploadedCommit};
 pub use worktree::{PickOutcome, Worktree};
 
 use crate::blobs::BlobError;
@@ -45,6 +47,9 @@ pub enum GitError {
     SafeFs(#[from] crate::safe_fs::SafeFsError),
     #[error("the diff is too large: {0}")]
     TooLarge(String),
+    /// An uploaded pack refused: not a pack, or not holding what it is said to hold.
+    #[error("the uploaded pack is refused: {0}")]
+    Upload(String),
 }
 
 impl GitError {
@@ -66,7 +71,10 @@ impl GitError {
             }
             GitError::Io(_) => true,
             GitError::Blob(e) => e.is_transient(),
-            GitError::Dirty(..) | GitError::Apply(_) | GitError::TooLarge(_) => false,
+            GitError::Dirty(..)
+            | GitError::Apply(_)
+            | GitError::TooLarge(_)
+            | GitError::Upload(_) => false,
             GitError::SafeFs(e) => matches!(e, crate::safe_fs::SafeFsError::Io { .. }),
         }
     }

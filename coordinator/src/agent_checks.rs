@@ -1,0 +1,220 @@
+//! A submission's agent checked against its graph before anything is stored: a command agent
+//! names a program and stays within `shared::limits`, the built-in loop's turns and tokens do
+//! too, and a scripted agent has steps for the agent nodes its graph starts with.
+
+use shared::graph::{Graph, NodeKind};
+use shared::messages::{AgentConfig, ScriptStep};
+use std::collections::BTreeMap;
+
+/// What is wrong with a command agent: no program, or budgets past `shared::limits`.
+fn command_exceeds(c: &shared::messages::CommandAgent) -> Option<String> {
+    use shared::limits::{MAX_COMMAND_CALLS, MAX_COMMAND_TOKENS};
+    if c.argv.first().is_none_or(|p| p.trim().is_empty()) {
+        return Some("the command agent has no program (`argv` is empty)".into());
+    }
+    if c.model.trim().is_empty() {
+        return Some("the command agent has no model".into());
+    }
+    if c.max_calls == 0 || c.max_calls > MAX_COMMAND_CALLS {
+        return Some(format!(
+            "max_calls is {}; it must be between 1 and {MAX_COMMAND_CALLS}",
+            c.max_calls
+        ));
+    }
+    if c.max_tokens == 0 || c.max_tokens > MAX_COMMAND_TOKENS {
+        return Some(format!(
+            "max_tokens is {}; it must be between 1 and {MAX_COMMAND_TOKENS}",
+            c.max_tokens
+        ));
+    }
+    None
+}
+
+/// What is wrong with the submission's agent for this graph, as a message: budgets past
+/// `shared::limits`, or a script that cannot drive the graph's agent nodes (empty, an empty
+/// entry for an agent node, none for the start node, or steps only for nodes that are not
+/// the graph's agents).
+pub(crate) fn agent_exceeds(agent: &AgentConfig, graph: &Graph) -> Option<String> {
+    use shared::limits::{MAX_TOKENS, MAX_TURNS};
+    let agents: Vec<&str> = graph
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.kind() == NodeKind::Agent)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let llm = match agent {
+        AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => c,
+        AgentConfig::Scripted { script } => return script_misses(script, graph, &agents),
+        AgentConfig::Command(c) => return command_exceeds(c),
+    };
+    if llm.max_turns == 0 || llm.max_turns > MAX_TURNS {
+        return Some(format!(
+            "max_turns is {}; it must be between 1 and {MAX_TURNS}",
+            llm.max_turns
+        ));
+    }
+    if llm.max_tokens == 0 || llm.max_tokens > MAX_TOKENS {
+        return Some(format!(
+            "max_tokens is {}; it must be between 1 and {MAX_TOKENS}",
+            llm.max_tokens
+        ));
+    }
+    if !llm.temperature.is_finite() || !(0.0..=2.0).contains(&llm.temperature) {
+        return Some(format!(
+            "temperature is {}; it must be between 0 and 2",
+            llm.temperature
+        ));
+    }
+    None
+}
+
+/// A scripted agent for a graph with agent nodes: every entry it has for an agent node has
+/// steps, the start node (when it is an agent) has an entry, and at least one agent node has
+/// one. Nodes that may never run (a path the script does not take) need none.
+fn script_misses(
+    script: &BTreeMap<String, Vec<ScriptStep>>,
+    graph: &Graph,
+    agents: &[&str],
+) -> Option<String> {
+    if agents.is_empty() {
+        return None;
+    }
+    let steps: usize = script.values().map(Vec::len).sum();
+    if steps == 0 {
+        return Some(format!(
+            "the graph has agent nodes ({}) and the agent script has no steps",
+            agents.join(", ")
+        ));
+    }
+    if let Some(empty) = agents
+        .iter()
+        .find(|a| script.get(**a).is_some_and(Vec::is_empty))
+    {
+        return Some(format!(
+            "the agent script's entry for node `{empty}` has no steps"
+        ));
+    }
+    let start = graph.start.as_str();
+    if agents.contains(&start) && !script.contains_key(start) {
+        return Some(format!(
+            "the graph starts with agent node `{start}` and the agent script has no steps for it"
+        ));
+    }
+    if !agents.iter().any(|a| script.contains_key(*a)) {
+        return Some(format!(
+            "the agent script has steps for {} but none for the graph's agent nodes ({})",
+            script
+                .keys()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            agents.join(", ")
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use shared::messages::LlmConfig;
+
+    fn llm(turns: u32, tokens: u32) -> AgentConfig {
+        AgentConfig::Anthropic(LlmConfig {
+            model: "m".into(),
+            temperature: 0.0,
+            max_tokens: tokens,
+            max_turns: turns,
+        })
+    }
+
+    fn graph(start: &str) -> Graph {
+        serde_yaml::from_str(&format!(
+            "name: g\nstart: {start}\nnodes:\n  \
+             a: {{kind: agent, template: t.j2, output_schema: s.json}}\n  \
+             b: {{kind: agent, template: t.j2, output_schema: s.json}}\n  \
+             c: {{kind: command, commands: [x]}}\n"
+        ))
+        .expect("a graph")
+    }
+
+    pub(crate) fn no_agents() -> Graph {
+        serde_yaml::from_str("name: g\nstart: c\nnodes:\n  c: {kind: command, commands: [x]}\n")
+            .expect("a graph")
+    }
+
+    pub(crate) fn script(entries: &[(&str, usize)]) -> AgentConfig {
+        AgentConfig::Scripted {
+            script: entries
+                .iter()
+                .map(|(node, n)| (node.to_string(), vec![ScriptStep::default(); *n]))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn agent_budgets_past_the_limits_are_refused() {
+        let g = graph("a");
+        assert_eq!(agent_exceeds(&llm(20, 4096), &g), None);
+        assert!(agent_exceeds(&llm(4_000_000_000, 4096), &g)
+            .unwrap()
+            .contains("max_turns is 4000000000"));
+        assert!(agent_exceeds(&llm(20, 0), &g)
+            .unwrap()
+            .contains("max_tokens"));
+    }
+
+    #[test]
+    fn command_agents_without_a_program_or_past_their_limits_are_refused() {
+        let g = graph("a");
+        let command = |argv: &[&str], model: &str, calls: u32, tokens: u64| {
+            AgentConfig::Command(shared::messages::CommandAgent {
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+                api: shared::messages::LlmApi::Anthropic,
+                model: model.into(),
+                max_calls: calls,
+                max_tokens: tokens,
+            })
+        };
+        assert_eq!(agent_exceeds(&command(&["agent"], "m", 5, 100), &g), None);
+        let why = |a| agent_exceeds(&a, &g).unwrap_or_default();
+        assert!(why(command(&[], "m", 5, 100)).contains("no program"));
+        assert!(why(command(&["  "], "m", 5, 100)).contains("no program"));
+        assert!(why(command(&["agent"], " ", 5, 100)).contains("no model"));
+        assert!(why(command(&["agent"], "m", 0, 100)).contains("max_calls is 0"));
+        assert!(why(command(&["agent"], "m", 5, u64::MAX)).contains("max_tokens"));
+    }
+
+    #[test]
+    fn scripts_that_cannot_drive_the_graph_are_refused() {
+        let g = graph("a");
+        let empty = script(&[]);
+        assert!(agent_exceeds(&empty, &g).unwrap().contains("no steps"));
+        assert_eq!(
+            agent_exceeds(&empty, &no_agents()),
+            None,
+            "graphs without agents need none"
+        );
+        assert!(agent_exceeds(&script(&[("a", 0)]), &g)
+            .unwrap()
+            .contains("no steps"));
+        let only_b_empty = agent_exceeds(&script(&[("a", 1), ("b", 0)]), &g).unwrap();
+        assert!(
+            only_b_empty.contains("node `b` has no steps"),
+            "{only_b_empty}"
+        );
+        let no_start = agent_exceeds(&script(&[("b", 1)]), &g).unwrap();
+        assert!(
+            no_start.contains("starts with agent node `a`"),
+            "{no_start}"
+        );
+        let elsewhere = agent_exceeds(&script(&[("se", 2)]), &graph("c")).unwrap();
+        assert!(
+            elsewhere.contains("steps for `se` but none for the graph's agent nodes (a, b)"),
+            "{elsewhere}"
+        );
+        // A node the script's path never reaches may go without steps.
+        assert_eq!(agent_exceeds(&script(&[("a", 1)]), &g), None);
+        assert_eq!(agent_exceeds(&script(&[("b", 1)]), &graph("c")), None);
+    }
+}
