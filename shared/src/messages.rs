@@ -287,6 +287,9 @@ pub struct JobSpec {
     /// channel while it runs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inbox: Vec<crate::session::SessionMessage>,
+    /// The run's team: its LLM calls count against the team's fleet-wide quotas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]

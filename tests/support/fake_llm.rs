@@ -44,8 +44,13 @@ pub enum Reply {
     ToolUse { name: String, input: Value },
     /// A plain assistant answer (`stop_reason: end_turn` / `finish_reason: stop`).
     Text { text: String },
-    /// An HTTP error with the error body of the API that was called.
-    Error { status: u16 },
+    /// An HTTP error with the error body of the API that was called; a 429 says
+    /// `retry-after` (0 unless given).
+    Error {
+        status: u16,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after: Option<u32>,
+    },
 }
 
 /// One entry of the script, with the token usage to report.
@@ -88,7 +93,18 @@ impl ScriptedReply {
     }
 
     pub fn error(status: u16) -> Self {
-        Self::new(Reply::Error { status })
+        Self::new(Reply::Error {
+            status,
+            retry_after: None,
+        })
+    }
+
+    /// A 429 whose `retry-after` asks for `seconds`.
+    pub fn throttled(seconds: u32) -> Self {
+        Self::new(Reply::Error {
+            status: 429,
+            retry_after: Some(seconds),
+        })
     }
 
     pub fn with_usage(mut self, input_tokens: u64, output_tokens: u64) -> Self {
@@ -435,7 +451,7 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
         }
     };
     let outcome = match Answer::of(&scripted.reply) {
-        Err(status) => api.scripted_error(status),
+        Err((status, retry_after)) => api.scripted_error(status, retry_after),
         Ok(answer) => api.success(shared.next_id(), &model, answer, &scripted),
     };
     (outcome, conversation)
@@ -472,11 +488,14 @@ enum Answer<'a> {
 
 impl<'a> Answer<'a> {
     /// The answer to play, or the status of a scripted error.
-    fn of(reply: &'a Reply) -> Result<Self, u16> {
+    fn of(reply: &'a Reply) -> Result<Self, (u16, Option<u32>)> {
         match reply {
             Reply::ToolUse { name, input } => Ok(Answer::ToolUse { name, input }),
             Reply::Text { text } => Ok(Answer::Text(text)),
-            Reply::Error { status } => Err(*status),
+            Reply::Error {
+                status,
+                retry_after,
+            } => Err((*status, *retry_after)),
         }
     }
 }
@@ -530,16 +549,17 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 struct Outcome {
     status: StatusCode,
     body: Value,
-    retry_after: bool,
+    /// `retry-after` in seconds, if sent.
+    retry_after: Option<u32>,
 }
 
 impl IntoResponse for Outcome {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body)).into_response();
-        if self.retry_after {
-            response
-                .headers_mut()
-                .insert("retry-after", HeaderValue::from_static("0"));
+        if let Some(seconds) = self.retry_after {
+            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert("retry-after", value);
+            }
         }
         response
     }
@@ -590,13 +610,17 @@ impl Api {
         Outcome {
             status: StatusCode::OK,
             body,
-            retry_after: false,
+            retry_after: None,
         }
     }
 
-    fn scripted_error(self, status: u16) -> Outcome {
+    fn scripted_error(self, status: u16, retry_after: Option<u32>) -> Outcome {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        self.error(status, scripted_error_message(status))
+        let mut outcome = self.error(status, scripted_error_message(status));
+        if retry_after.is_some() {
+            outcome.retry_after = retry_after;
+        }
+        outcome
     }
 
     fn error(self, status: StatusCode, message: &str) -> Outcome {
@@ -607,7 +631,7 @@ impl Api {
         Outcome {
             status,
             body,
-            retry_after: status == StatusCode::TOO_MANY_REQUESTS,
+            retry_after: (status == StatusCode::TOO_MANY_REQUESTS).then_some(0),
         }
     }
 }

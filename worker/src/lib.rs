@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod mutants;
 pub mod mutation;
 pub mod queue;
+pub mod quota;
 pub mod rabbitmq;
 pub mod render;
 pub mod runner;

@@ -246,6 +246,7 @@ async fn tick(
                 None => return Ok(None),
             }
         }
+        let was_finished = slice.header().is_finished();
         match step {
             Step::Settle => settle(coord, &mut slice).await?,
             Step::Start(max_new) => start(coord, &mut slice, loaded, max_new).await?,
@@ -259,9 +260,25 @@ async fn tick(
                 if mirror_due(mirrored, header) {
                     mirror(coord, id).await;
                 }
-                if header.is_finished() {
+                if header.is_finished() && !was_finished {
                     let c = header.counts;
                     info!(batch = %id, passed = c.passed, failed = c.failed, errored = c.errored, cancelled = c.cancelled, "batch finished");
+                    // The commit that finished it is made once: its team hears of it once
+                    // (unless this coordinator dies before delivering).
+                    if let Some(team) = header.team.clone() {
+                        let post = coord.team_post();
+                        let delivery = format!("batch-{id}");
+                        let body = serde_json::json!({
+                            "v": 1, "delivery": delivery, "event": "team.batch_finished",
+                            "batch_id": id, "graph": header.graph, "counts": c,
+                            "cost_usd": header.cost_usd, "tokens": header.tokens,
+                            "cancelled": header.cancelled,
+                        });
+                        tokio::spawn(async move {
+                            post.deliver(&team, "team.batch_finished", &delivery, body)
+                                .await;
+                        });
+                    }
                 }
                 return Ok(Some(header.clone()));
             }

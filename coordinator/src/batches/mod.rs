@@ -214,5 +214,6 @@ fn item_request(req: &BatchRequest, item: &DatasetItem) -> Result<SubmitRequest,
         budget_usd: None,
         webhook: None,
         team: req.team.clone(),
+        upload: None,
     })
 }

@@ -13,6 +13,7 @@ mod mirror;
 mod notices;
 mod relay;
 mod retention;
+mod team_notices;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -83,6 +84,14 @@ pub struct Coordinator {
     /// Where on this coordinator's disk a submission may name a repository
     /// (`FLEET_REPO_ROOTS`).
     pub repo_roots: crate::repo_roots::RepoRoots,
+    /// The largest repository pack a client may upload (`FLEET_MAX_UPLOAD_MB`, 256 MiB); the
+    /// files of its commit may expand to four times that.
+    pub max_upload_bytes: u64,
+    /// The fleet's quota ledger (Redis when served; memory otherwise): teams' limits, spend,
+    /// runs under way, webhooks and notices.
+    pub ledger: Arc<dyn worker::quota::Ledger>,
+    /// Rung with a run's id after every commit of it here (the dashboard's live views).
+    pub run_changed: tokio::sync::broadcast::Sender<RunId>,
     http: reqwest::Client,
     /// The version of each run this coordinator last mirrored.
     mirrored: Mutex<HashMap<RunId, u64>>,
@@ -171,6 +180,9 @@ impl Coordinator {
                 .filter(|s| !s.is_empty()),
             open_api: true,
             repo_roots: crate::repo_roots::RepoRoots::from_env(),
+            max_upload_bytes: env_u64("FLEET_MAX_UPLOAD_MB", 256).saturating_mul(1 << 20),
+            ledger: Arc::new(worker::quota::memory::MemoryLedger::new()),
+            run_changed: tokio::sync::broadcast::channel(1024).0,
             http: crate::schedules::webhook::client(),
         }
     }
@@ -451,6 +463,8 @@ impl Coordinator {
 
     /// Logs and counts the runs a commit finished.
     fn after_commit(&self, state: &RunState, effects: &[Effect]) {
+        // Nobody watching is not an error.
+        let _ = self.run_changed.send(state.run_id.clone());
         for fx in effects {
             if let Effect::Finished { status, .. } = fx {
                 tracing::info!(run = %state.run_id, status = ?status, "run finished");
@@ -460,8 +474,23 @@ impl Coordinator {
                     .runs_finished
                     .with_label_values(&[&format!("{status:?}").to_lowercase()])
                     .inc();
+                if let Some(team) = state.team.clone() {
+                    // No longer under way for the team's limit (a loss here is found stale by
+                    // the next submission past the limit).
+                    let (ledger, run) = (self.ledger.clone(), state.run_id.to_string());
+                    tokio::spawn(async move {
+                        if let Err(e) = ledger.run_ended(&team, &run).await {
+                            warn!(team, run, error = %e, "run not taken off the team's runs under way");
+                        }
+                    });
+                }
             }
         }
+    }
+
+    /// The run and its state's version.
+    pub async fn load_with_version(&self, run: &RunId) -> Result<(RunState, u64), DriverError> {
+        self.load_versioned(run).await
     }
 
     pub async fn load(&self, run: &RunId) -> Result<RunState, DriverError> {
@@ -503,8 +532,18 @@ impl Coordinator {
         let retention = tokio::spawn(self.clone().retention(shutdown.clone()));
         let batches = tokio::spawn(crate::batches::drive(self.clone(), shutdown.clone()));
         let schedules = tokio::spawn(crate::schedules::drive(self.clone(), shutdown.clone()));
-        let _ =
-            tokio::join!(relay, results, dead, watchdog, recovery, retention, batches, schedules);
+        let team_notices = tokio::spawn(self.clone().team_notices(shutdown.clone()));
+        let _ = tokio::join!(
+            relay,
+            results,
+            dead,
+            watchdog,
+            recovery,
+            retention,
+            batches,
+            schedules,
+            team_notices
+        );
     }
 }
 

@@ -78,16 +78,70 @@ impl Coordinator {
             "v": 1, "run_id": run, "delivery": notice.delivery, "event": notice.event,
         }))
         .expect("a notice serializes");
+        let shot = Shot {
+            http: &self.http,
+            clock: self.clock.as_ref(),
+            hook: &hook,
+            body: &body,
+            delivery: &notice.delivery,
+            event: &event,
+            timestamp: notice.event.timestamp.timestamp(),
+            subject: &run,
+        };
+        let (me, run_ref) = (&self, run.as_str());
+        shot.attempts(&mut log, |so_far| async move {
+            me.write_log(run_ref, &so_far).await;
+        })
+        .await;
+        self.write_log(&run, &log).await;
+        self.forget(&raw).await;
+    }
+
+    async fn write_log(&self, run: &str, log: &DeliveryLog) {
+        if let Err(e) = self.blobs.put_json(&log_key(run, &log.delivery), log).await {
+            warn!(run = %run, delivery = %log.delivery, error = %e, "could not write the delivery log");
+        }
+    }
+
+    async fn forget(&self, raw: &str) {
+        if let Err(e) = self.store.outbox_done(&self.id, &[raw.to_string()]).await {
+            warn!(error = %e, "could not forget a delivered notice; it may be delivered twice");
+        }
+    }
+}
+
+/// One notice's POSTs to one webhook.
+pub(super) struct Shot<'a> {
+    pub http: &'a reqwest::Client,
+    pub clock: &'a dyn shared::time::Clock,
+    pub hook: &'a Webhook,
+    pub body: &'a [u8],
+    pub delivery: &'a str,
+    pub event: &'a str,
+    pub timestamp: i64,
+    /// The run or team it is for (logged).
+    pub subject: &'a str,
+}
+
+impl Shot<'_> {
+    /// POSTs until a 2xx, at most `NOTICE_RETRY.max_attempts` times, 1, 2, 4, 8 s apart; every
+    /// attempt into `log`, whose state ends `delivered` or `failed`. `between` sees the log after
+    /// each failed attempt that another follows.
+    pub(super) async fn attempts<F, Fut>(&self, log: &mut DeliveryLog, between: F)
+    where
+        F: Fn(DeliveryLog) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         for n in 1..=NOTICE_RETRY.max_attempts {
             let sent = post(
-                &self.http,
+                self.http,
                 Post {
-                    hook: &hook,
-                    body: body.clone(),
-                    delivery: &notice.delivery,
-                    timestamp: notice.event.timestamp.timestamp(),
+                    hook: self.hook,
+                    body: self.body.to_vec(),
+                    delivery: self.delivery,
+                    timestamp: self.timestamp,
                     attempt: n,
-                    event: &event,
+                    event: self.event,
                 },
             )
             .await;
@@ -103,30 +157,16 @@ impl Coordinator {
             });
             if status.is_some_and(|s| (200..300).contains(&s)) {
                 log.state = "delivered".into();
-                info!(run = %run, delivery = %notice.delivery, attempt = n, "run notice delivered");
-                break;
+                info!(subject = %self.subject, delivery = %self.delivery, attempt = n, "notice delivered");
+                return;
             }
-            warn!(run = %run, delivery = %notice.delivery, attempt = n, status = ?status, error = ?error, "run notice not delivered");
+            warn!(subject = %self.subject, delivery = %self.delivery, attempt = n, status = ?status, error = ?error, "notice not delivered");
             if n == NOTICE_RETRY.max_attempts {
                 log.state = "failed".into();
             } else {
-                self.write_log(&run, &log).await;
+                between(log.clone()).await;
                 tokio::time::sleep(NOTICE_RETRY.delay_after(n)).await;
             }
-        }
-        self.write_log(&run, &log).await;
-        self.forget(&raw).await;
-    }
-
-    async fn write_log(&self, run: &str, log: &DeliveryLog) {
-        if let Err(e) = self.blobs.put_json(&log_key(run, &log.delivery), log).await {
-            warn!(run = %run, delivery = %log.delivery, error = %e, "could not write the delivery log");
-        }
-    }
-
-    async fn forget(&self, raw: &str) {
-        if let Err(e) = self.store.outbox_done(&self.id, &[raw.to_string()]).await {
-            warn!(error = %e, "could not forget a delivered notice; it may be delivered twice");
         }
     }
 }

@@ -175,7 +175,7 @@ pub async fn list_schedules(
             firings: state.firings.len(),
             last_batch_id: last.map(|f| f.batch_id.clone()),
             last_delivery: last.and_then(|f| f.delivery.as_ref()).map(|d| d.state),
-            name,
+            name: shared::schedule::shown_name(&name).to_string(),
         });
     }
     Ok(Json(out))
@@ -188,8 +188,10 @@ pub async fn list_schedules(
 )]
 pub async fn show_schedule(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<ScheduleView>, ScheduleError> {
+    let name = shared::schedule::stored_name(p.team.as_deref(), &name);
     let l = load(&c, &name).await?;
     let (state, _) = c
         .store
@@ -199,7 +201,7 @@ pub async fn show_schedule(
         .ok_or_else(|| ScheduleError::Unknown(name.clone()))?;
     let def = &l.def;
     Ok(Json(ScheduleView {
-        name: def.name.clone(),
+        name: shared::schedule::shown_name(&def.name).to_string(),
         cron: def.cron.clone(),
         graph: def.graph.graph.name.clone(),
         graph_hash: def.graph.hash(),
@@ -226,9 +228,10 @@ pub async fn show_schedule(
 )]
 pub async fn run_schedule(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
     Path(name): Path<String>,
 ) -> Result<(StatusCode, Json<Fired>), ScheduleError> {
-    let fired = run_now(&c, &name).await?;
+    let fired = run_now(&c, &shared::schedule::stored_name(p.team.as_deref(), &name)).await?;
     Ok((StatusCode::CREATED, Json(fired)))
 }
 
@@ -240,9 +243,10 @@ pub async fn run_schedule(
 )]
 pub async fn delete_schedule(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Removed>, ScheduleError> {
-    remove_schedule(&c, &name).await?;
+    remove_schedule(&c, &shared::schedule::stored_name(p.team.as_deref(), &name)).await?;
     Ok(Json(Removed {
         name,
         removed: true,
@@ -264,8 +268,10 @@ pub async fn delete_schedule(
 )]
 pub async fn schedule_report(
     State(c): State<Arc<Coordinator>>,
+    axum::Extension(p): axum::Extension<shared::auth::Principal>,
     Path((name, batch)): Path<(String, String)>,
 ) -> Result<Json<Value>, ScheduleError> {
+    let name = shared::schedule::stored_name(p.team.as_deref(), &name);
     let (state, _) = c
         .store
         .schedule_state(&name)

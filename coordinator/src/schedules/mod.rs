@@ -154,11 +154,12 @@ pub async fn add_schedule(
     req: ScheduleRequest,
 ) -> Result<ScheduleAdded, ScheduleError> {
     check_name(&req.name)?;
+    let shown = req.name.clone();
     let now = coord.clock.now();
     let def = ScheduleDef {
         v: shared::schedule::def::SCHEDULE_DEF_VERSION,
         dataset_sha256: sha256_hex(req.dataset.as_bytes()),
-        name: req.name,
+        name: shared::schedule::stored_name(req.team.as_deref(), &req.name),
         cron: req.cron.trim().to_string(),
         graph: req.graph,
         dataset: req.dataset,
@@ -181,19 +182,19 @@ pub async fn add_schedule(
         })?;
     }
     if coord.store.schedule_state(&def.name).await?.is_some() {
-        return Err(ScheduleError::Exists(def.name));
+        return Err(ScheduleError::Exists(shown));
     }
     if coord.store.list_schedules().await?.len() >= MAX_SCHEDULES {
         return Err(ScheduleError::TooMany);
     }
     let state = ScheduleState::new(&def);
     if !coord.store.add_schedule(&def, &state).await? {
-        return Err(ScheduleError::Exists(def.name));
+        return Err(ScheduleError::Exists(shown));
     }
     info!(schedule = %def.name, cron = %def.cron, dataset_sha256 = %def.dataset_sha256, "schedule added");
     Ok(ScheduleAdded {
         next_fire_at: cron.next_after(now),
-        name: def.name,
+        name: shown,
         dataset_sha256: def.dataset_sha256,
     })
 }

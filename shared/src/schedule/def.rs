@@ -30,6 +30,21 @@ pub const SCHEDULED_FOR_LABEL: &str = "scheduled_for";
 
 /// A name: 1 to [`MAX_NAME_CHARS`] of `[A-Za-z0-9_.-]`, starting with a letter or digit (so a
 /// name is never `.` or `..` in an object key, and never looks like an option).
+/// The name a schedule is stored under: a team's schedules live in the team's own names
+/// (`<team>~<name>`; `~` is in neither a team's nor a schedule's name), so two teams may use
+/// the same name and neither learns of the other's. The open API's are stored as named.
+pub fn stored_name(team: Option<&str>, name: &str) -> String {
+    match team {
+        Some(t) => format!("{t}~{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// The name its team sees of a stored schedule.
+pub fn shown_name(stored: &str) -> &str {
+    stored.split_once('~').map_or(stored, |(_, name)| name)
+}
+
 pub fn check_name(name: &str) -> Result<(), ScheduleError> {
     let bad = |why: &str| {
         let shown: String = name.chars().take(MAX_NAME_CHARS + 1).collect();
@@ -184,7 +199,13 @@ impl ScheduleDef {
     /// lines, its hash, items × trials, each item's script), the options, the spec as fired
     /// (with the schedule's labels), the webhook. The parsed cron expression on success.
     pub fn check(&self, now: DateTime<Utc>) -> Result<CronSchedule, ScheduleError> {
-        check_name(&self.name)?;
+        check_name(shown_name(&self.name))?;
+        if self.name != stored_name(self.team.as_deref(), shown_name(&self.name)) {
+            return Err(ScheduleError::Name(
+                self.name.clone(),
+                "not stored under its team's names".into(),
+            ));
+        }
         let cron = CronSchedule::parse(&self.cron, now)?;
         crate::graph::check(&self.graph)
             .map_err(|es| ScheduleError::Graph(es.iter().map(|e| e.to_string()).collect()))?;

@@ -19,7 +19,7 @@ pub mod webhook;
 mod tests;
 
 pub use cron::{CronSchedule, Due};
-pub use def::{check_name, shown_url, ScheduleDef, Webhook};
+pub use def::{check_name, shown_name, shown_url, stored_name, ScheduleDef, Webhook};
 pub use state::{
     Delivery, DeliveryAttempt, DeliveryState, Firing, FiringKind, FiringStage, ScheduleState,
 };

@@ -547,3 +547,17 @@ fn the_morning_report_carries_the_report_and_the_comparison_and_is_the_same_ever
     assert!(alone.body["comparison"].is_null() && alone.body["keys"]["comparison"].is_null());
     assert!(alone.comparison.is_none());
 }
+
+#[test]
+fn a_teams_schedules_are_stored_in_its_own_names() {
+    use super::{shown_name, stored_name};
+    assert_eq!(stored_name(Some("ml"), "nightly"), "ml~nightly");
+    assert_eq!(stored_name(None, "nightly"), "nightly");
+    assert_eq!(shown_name("ml~nightly"), "nightly");
+    assert_eq!(shown_name("nightly"), "nightly");
+    assert_ne!(stored_name(Some("a"), "x"), stored_name(Some("b"), "x"));
+    assert!(
+        super::check_name("a~x").is_err(),
+        "no one names a schedule into a team"
+    );
+}

@@ -19,6 +19,9 @@ pub enum LlmError {
     Malformed(String),
     #[error("no api key: set {0}")]
     NoKey(&'static str),
+    /// The fleet's ledger refused the call (`budget_exhausted: …`) or could not be asked.
+    #[error("{0}")]
+    Quota(#[from] crate::quota::Refusal),
 }
 
 /// The highest price per million tokens a table accepts (USD): past it a price is a typo, and
@@ -91,9 +94,37 @@ pub struct LlmSettings {
     /// Calls per window to each provider, over every agent of this worker (`FLEET_LLM_RATE`).
     pub anthropic_rate: Option<std::sync::Arc<super::rate::RateLimit>>,
     pub openai_rate: Option<std::sync::Arc<super::rate::RateLimit>>,
+    /// The fleet's ledger (a worker with Redis): team budgets, team and fleet call rates, and
+    /// the fleet-wide back-off on 429s. With it, `FLEET_LLM_RATE` holds over the whole fleet
+    /// and the worker's own limits above are not used.
+    pub gate: Option<crate::quota::FleetGate>,
+    /// The job the calls are made for (set per job by [`LlmSettings::for_job`]).
+    pub scope: Option<crate::quota::JobScope>,
 }
 
 impl LlmSettings {
+    /// These settings for one job's calls: its run and team, under the fleet's ledger.
+    pub fn for_job(&self, run: &str, team: Option<&str>) -> LlmSettings {
+        LlmSettings {
+            scope: Some(crate::quota::JobScope {
+                team: team.map(str::to_string),
+                run: run.to_string(),
+            }),
+            ..self.clone()
+        }
+    }
+
+    /// The provider `url` belongs to.
+    fn provider_of(&self, url: &str) -> Option<&'static str> {
+        if url.starts_with(self.anthropic_base_url.as_str()) {
+            Some("anthropic")
+        } else if url.starts_with(self.openai_base_url.as_str()) {
+            Some("openai")
+        } else {
+            None
+        }
+    }
+
     /// The rate limit of the provider `url` belongs to, if it has one.
     fn rate_for(&self, url: &str) -> Option<&super::rate::RateLimit> {
         if url.starts_with(self.anthropic_base_url.as_str()) {
@@ -118,6 +149,8 @@ impl Default for LlmSettings {
             request_timeout: Duration::from_secs(300),
             anthropic_rate: None,
             openai_rate: None,
+            gate: None,
+            scope: None,
         }
     }
 }
@@ -132,10 +165,19 @@ pub async fn post_with_retry(
     usage: &mut Usage,
 ) -> Result<Value, LlmError> {
     let mut attempt = 0;
+    let gated = match (&settings.gate, &settings.scope, settings.provider_of(url)) {
+        (Some(gate), Some(scope), Some(provider)) => Some((gate, scope, provider)),
+        _ => None,
+    };
     loop {
         attempt += 1;
-        if let Some(rate) = settings.rate_for(url) {
-            rate.acquire().await;
+        match gated {
+            Some((gate, scope, provider)) => gate.admit(scope, provider).await?,
+            None => {
+                if let Some(rate) = settings.rate_for(url) {
+                    rate.acquire().await;
+                }
+            }
         }
         let mut req = http.post(url).timeout(settings.request_timeout).json(body);
         for (k, v) in headers {
@@ -145,7 +187,15 @@ pub async fn post_with_retry(
         let retry_after = match outcome {
             Ok(resp) if resp.status().is_success() => {
                 usage.llm_calls += 1;
-                return resp.json::<Value>().await.map_err(LlmError::Http);
+                let reply = resp.json::<Value>().await.map_err(LlmError::Http)?;
+                if let Some((gate, scope, provider)) = gated {
+                    let (input, output) = reply_tokens(&reply);
+                    let model = body["model"].as_str().unwrap_or_default();
+                    let usd = settings.prices.cost(model, input, output);
+                    gate.record(scope, provider, input.saturating_add(output), usd)
+                        .await;
+                }
+                return Ok(reply);
             }
             Ok(resp) => {
                 let status = resp.status().as_u16();
@@ -158,6 +208,11 @@ pub async fn post_with_retry(
                 let retryable = status == 429 || status >= 500;
                 if !retryable || attempt > settings.max_retries {
                     return Err(LlmError::Api { status, body });
+                }
+                if let (429, Some((gate, _, provider))) = (status, gated) {
+                    // The whole fleet holds its calls to this provider, not this worker alone.
+                    gate.throttled(provider, retry_wait(retry_after.as_deref(), attempt))
+                        .await;
                 }
                 warn!(status, attempt, "llm call failed, retrying");
                 retry_after
@@ -184,6 +239,16 @@ pub fn retry_wait(retry_after: Option<&str>, attempt: u32) -> Duration {
         .unwrap_or(backoff)
         .clamp(0.0, 60.0);
     Duration::from_secs_f64(wait)
+}
+
+/// The input and output tokens a reply of either wire format reports (0 where it says none).
+pub fn reply_tokens(reply: &Value) -> (u64, u64) {
+    let u = &reply["usage"];
+    let field = |a: &str, b: &str| u[a].as_u64().or_else(|| u[b].as_u64()).unwrap_or(0);
+    (
+        field("input_tokens", "prompt_tokens"),
+        field("output_tokens", "completion_tokens"),
+    )
 }
 
 /// Adds a reply's token counts to `usage` (saturating: the numbers are the provider's).

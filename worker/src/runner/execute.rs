@@ -98,7 +98,10 @@ impl Runner {
                     c,
                     spec.llm_budget
                         .unwrap_or(LlmBudget::left(c, &Usage::default())),
-                    &self.config.llm,
+                    &self
+                        .config
+                        .llm
+                        .for_job(spec.run_id.as_str(), spec.team.as_deref()),
                     &self.http,
                 )
                 .map_err(|e| RunError::Transient(format!("cannot start the llm gateway: {e}")))?,

@@ -224,7 +224,10 @@ impl Runner {
             let out = agent::run(
                 job,
                 &s.spec.agent,
-                &self.config.llm,
+                &self
+                    .config
+                    .llm
+                    .for_job(s.spec.run_id.as_str(), s.spec.team.as_deref()),
                 &self.http,
                 transcript.take(),
             )

@@ -180,7 +180,13 @@ impl Runner {
                         };
                         agent::command::run(command, gateway).await
                     }
-                    _ => agent::run(job, &spec.agent, &self.config.llm, &self.http, prior).await,
+                    _ => {
+                        let llm = self
+                            .config
+                            .llm
+                            .for_job(spec.run_id.as_str(), spec.team.as_deref());
+                        agent::run(job, &spec.agent, &llm, &self.http, prior).await
+                    }
                 };
                 evidence.flush(art).await?;
                 art.events.extend(journal.take());
