@@ -239,6 +239,7 @@ mod tests {
             llm_budget: None,
             incremental: None,
             inbox: Vec::new(),
+            team: None,
         }
     }
 

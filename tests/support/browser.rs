@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// The browser binary: `FLEET_CHROMIUM`, else `chromium` on the PATH.
 fn binary() -> String {
@@ -84,4 +84,29 @@ pub fn screenshot(url: &str, name: &str, height: u32) -> anyhow::Result<PathBuf>
 pub fn file_url(path: &Path, fragment: &str) -> anyhow::Result<String> {
     let path = path.canonicalize()?;
     Ok(format!("file://{}{fragment}", path.display()))
+}
+
+/// Runs `images/agents/fleet-browser` (headless Chromium over the DevTools pipe) on the host with
+/// `request` on stdin; its JSON answer.
+pub fn fleet_browser(request: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    use std::io::Write;
+    let mut child = Command::new("python3")
+        .arg(crate::stack::workspace_root().join("images/agents/fleet-browser"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(request.to_string().as_bytes())?;
+    let done = child.wait_with_output()?;
+    serde_json::from_slice(&done.stdout).map_err(|e| {
+        anyhow::anyhow!(
+            "fleet-browser said no json ({e}): {} {}",
+            String::from_utf8_lossy(&done.stdout),
+            String::from_utf8_lossy(&done.stderr)
+        )
+    })
 }

@@ -224,6 +224,7 @@ impl Engine<'_> {
             } else {
                 Vec::new()
             },
+            team: self.state.team.clone(),
         };
         // A re-issued attempt goes on from the invocations an earlier one reported (its
         // checkpoint), so none of them is taken twice.

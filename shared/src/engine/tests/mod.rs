@@ -25,6 +25,7 @@ mod budget;
 mod children;
 mod deadlines;
 mod factory_runs;
+mod graph_view;
 mod graphs;
 mod join_order;
 mod quarantine;
