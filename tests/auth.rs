@@ -63,17 +63,6 @@ impl Api<'_> {
     }
 }
 
-fn token_of(out: &fleet_tests::stack::CliOutput) -> anyhow::Result<String> {
-    anyhow::ensure!(out.code == 0, "token command failed: {}", out.stderr);
-    Ok(out
-        .stdout
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_string())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow::Result<()> {
     // The stack's repositories are made beneath the temporary folder: the one root allowed.
@@ -92,14 +81,18 @@ async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow:
     // A fresh install: nothing but the public routes answers without a token.
     let (status, _) = api.call(Verb::Get, "/v1/runs", None).await?;
     assert_eq!(status, 401);
-    let admin_a = token_of(&stack.cli(&["token", "bootstrap", "--team", "team-a"])?)?;
-    let admin_b = token_of(&stack.cli(&["token", "bootstrap", "--team", "team-b"])?)?;
+    let admin_a =
+        fleet_tests::stack::token_of(&stack.cli(&["token", "bootstrap", "--team", "team-a"])?)?;
+    let admin_b =
+        fleet_tests::stack::token_of(&stack.cli(&["token", "bootstrap", "--team", "team-b"])?)?;
     let as_a = [("FLEET_TOKEN", admin_a.as_str())];
-    let member_a = token_of(&stack.cli_env(
+    let member_a = fleet_tests::stack::token_of(&stack.cli_env(
         &["token", "create", "--role", "member", "--name", "ci"],
         &as_a,
     )?)?;
-    let viewer_a = token_of(&stack.cli_env(&["token", "create", "--role", "viewer"], &as_a)?)?;
+    let viewer_a = fleet_tests::stack::token_of(
+        &stack.cli_env(&["token", "create", "--role", "viewer"], &as_a)?,
+    )?;
     let out = stack.cli_env(
         &["token", "create", "--role", "member", "--team", "team-b"],
         &as_a,
@@ -140,6 +133,17 @@ async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow:
     let out = stack.cli_env(&submit_args, &as_member)?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     let run_a = out.stdout.trim().to_string();
+    // A repository only team A uploads.
+    let only_a = fleet_tests::submit::git_repo(stack.dir.path(), "only-a", &[("a.txt", "a\n")])?;
+    let commit_a = fleet_tests::submit::git(&only_a, &["rev-parse", "HEAD"])?;
+    let resp = api
+        .http
+        .post(format!("{}/v1/uploads?commit={commit_a}", stack.server))
+        .bearer_auth(&member_a)
+        .body(worker::git::pack_commit(&only_a, &commit_a)?.pack)
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 201, "{}", resp.text().await?);
     let out = stack.cli_env(&submit_args, &[("FLEET_TOKEN", viewer_a.as_str())])?;
     assert_ne!(out.code, 0, "a viewer cannot submit");
     // A repository outside the allowed root, directly or through a symlink beneath it.
@@ -244,6 +248,7 @@ async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow:
                 ("batches", ":id" | ":other") | ("schedules", ":batch") => batch_a.clone(),
                 ("schedules", ":name") => "nightly-a".to_string(),
                 ("tokens", ":id") => token_a.clone(),
+                ("uploads", ":commit") => commit_a.clone(),
                 (_, ":node") => "gate".to_string(),
                 (_, ":item") => "1".to_string(),
                 (_, "*key") => artifact.clone(),
@@ -301,6 +306,40 @@ async fn every_route_checks_the_token_and_the_team_of_what_it_names() -> anyhow:
         failures.len(),
         failures.join("\n")
     );
+
+    // Schedule names are each team's own: B may use A's name, and neither sees the other's.
+    let as_b = [("FLEET_TOKEN", admin_b.as_str())];
+    let add = |who: &[(&str, &str)]| {
+        stack.cli_env(
+            &[
+                "schedule",
+                "add",
+                "nightly-a",
+                "--cron",
+                "0 3 * * *",
+                "--dataset",
+                &path("data.jsonl"),
+            ],
+            who,
+        )
+    };
+    let out = add(&as_b)?;
+    assert_eq!(out.code, 0, "b uses the same name: {}", out.stderr);
+    let out = add(&as_member)?;
+    assert!(
+        out.code != 0 && out.stderr.contains("409"),
+        "a's own name is taken: {}",
+        out.stderr
+    );
+    let (_, mine) = api
+        .call(Verb::Get, "/v1/schedules/nightly-a", Some(&admin_b))
+        .await?;
+    assert_eq!(mine["cron"], "0 3 * * *", "b sees its own: {mine}");
+    assert_eq!(mine["name"], "nightly-a");
+    let (_, theirs) = api
+        .call(Verb::Get, "/v1/schedules/nightly-a", Some(&admin_a))
+        .await?;
+    assert_eq!(theirs["cron"], "0 2 * * *", "a sees its own: {theirs}");
 
     // A's member approves its own run; it finishes; A's viewer reads the result.
     let out = stack.cli_env(&["approve", &run_a, "gate"], &as_member)?;

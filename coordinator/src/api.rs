@@ -118,6 +118,9 @@ pub fn routes() -> Vec<Route> {
     all.extend(decisions_api::routes());
     all.extend(crate::tracking_api::routes());
     all.extend(crate::auth_api::routes());
+    all.extend(crate::uploads::routes());
+    all.extend(crate::team_api::routes());
+    all.extend(crate::web::routes());
     crate::schedules::api::and_schedule_routes(all)
 }
 
@@ -167,6 +170,9 @@ impl From<DriverError> for ApiError {
             }
             DriverError::Submit(s @ SubmitError::Conflict(_)) => {
                 ApiError(StatusCode::CONFLICT, s.to_string(), vec![])
+            }
+            DriverError::Submit(s @ SubmitError::Quota(_)) => {
+                ApiError(StatusCode::TOO_MANY_REQUESTS, s.to_string(), vec![])
             }
             DriverError::Submit(s) => ApiError(StatusCode::BAD_REQUEST, s.to_string(), vec![]),
             DriverError::UnknownRun(r) => ApiError(

@@ -160,7 +160,14 @@ async fn owns(
             (Some("batches"), "id" | "other") | (Some("schedules"), "batch") => {
                 ("batch", batch_team(c, value).await?)
             }
-            (Some("schedules"), "name") => ("schedule", schedule_team(c, value).await?),
+            (Some("schedules"), "name") => {
+                // A team's schedules are found only among its own names.
+                let stored = shared::schedule::stored_name(p.team.as_deref(), value);
+                let team = schedule_team(c, &stored)
+                    .await
+                    .map_err(|_| hidden("schedule", value))?;
+                ("schedule", team)
+            }
             (Some("artifacts"), "key") => {
                 // Only a run's artifacts are served to a team: `runs/<run>/…`.
                 let run = value

@@ -2,6 +2,7 @@
 //! the pure engine and carries out its effects, and the run-store adapters (Redis, memory).
 //! Also home of the `fleet` CLI, including the embedded single-process mode.
 
+mod agent_checks;
 pub mod api;
 pub mod auth_api;
 pub mod batches;
@@ -13,7 +14,11 @@ pub mod metrics;
 pub mod openapi;
 pub mod repo_roots;
 pub mod schedules;
+mod snapshot;
 pub mod store;
 pub mod submit;
+pub mod team_api;
 pub mod tracking_api;
 pub mod tree_api;
+pub mod uploads;
+pub mod web;

@@ -14,6 +14,11 @@ pub struct CoordinatorMetrics {
     pub restored: IntCounter,
     /// Messages on the results or dead-letter queue that could not be read, dead-lettered.
     pub poison: IntCounter,
+    /// Repository packs clients uploaded, by outcome: `stored` (new bytes), `known` (the
+    /// bytes were stored already), `refused`.
+    pub uploads: IntCounterVec,
+    /// Bytes of uploaded packs written to object storage (not those found there already).
+    pub upload_bytes_stored: IntCounter,
 }
 
 impl CoordinatorMetrics {
@@ -79,7 +84,28 @@ impl CoordinatorMetrics {
         )
         .expect("valid metric");
         registry.register(Box::new(poison.clone())).expect("unique");
+        let uploads = IntCounterVec::new(
+            Opts::new(
+                "fleet_uploads_total",
+                "repository packs uploaded by clients, by outcome",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(uploads.clone()))
+            .expect("unique");
+        let upload_bytes_stored = IntCounter::new(
+            "fleet_upload_bytes_stored_total",
+            "bytes of uploaded packs written to object storage",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(upload_bytes_stored.clone()))
+            .expect("unique");
         Self {
+            uploads,
+            upload_bytes_stored,
             registry,
             poison,
             runs_created,

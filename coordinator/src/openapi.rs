@@ -43,6 +43,16 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::auth_api::create_token,
         crate::auth_api::list_tokens,
         crate::auth_api::revoke_token,
+        crate::uploads::upload_pack,
+        crate::uploads::uploaded_commit,
+        crate::team_api::show,
+        crate::team_api::set_limits,
+        crate::team_api::set_webhook,
+        crate::team_api::events,
+        crate::team_api::deliveries,
+        crate::web::page,
+        crate::web::graph,
+        crate::web::watch,
         crate::batches::api::create_batch,
         crate::batches::api::list_batches,
         crate::batches::api::batch_status,
@@ -81,6 +91,19 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::auth_api::NewToken,
         crate::auth_api::TokenView,
         crate::auth_api::TokenCreated,
+        http::Uploaded,
+        http::RepoUpload,
+        shared::quota::TeamLimits,
+        shared::quota::TeamView,
+        shared::quota::Rate,
+        shared::quota::Spent,
+        shared::quota::QuotaScope,
+        shared::quota::QuotaNotice,
+        crate::team_api::WebhookBody,
+        http::GraphView,
+        http::NodeView,
+        http::EdgeView,
+        http::NodeState,
         shared::auth::Role,
         shared::tracking::EventType,
         shared::tracking::RunBudget,
@@ -380,6 +403,7 @@ mod tests {
             "run_id",
             "budget_usd",
             "webhook",
+            "upload",
         ]);
         assert_eq!(props, wanted);
         let required: BTreeSet<&str> = submit["required"]
@@ -389,6 +413,7 @@ mod tests {
             .filter_map(Value::as_str)
             .collect();
         assert!(!required.contains("run_id"));
-        assert!(required.contains("graph") && required.contains("repo"));
+        // The repository comes as a path or as an upload: neither is required alone.
+        assert!(required.contains("graph") && !required.contains("repo"));
     }
 }

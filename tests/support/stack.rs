@@ -218,38 +218,85 @@ impl Stack {
             let id = format!("{ns}-w{i}");
             stack.start_worker(&id)?;
         }
-        stack.wait_consumers(workers as u32).await?;
+        stack.wait_workers_up(workers as u32).await?;
         Ok(stack)
     }
 
-    /// Waits until `n` consumers are on the job queue: the workers are up (the broker's state,
-    /// not a log line).
-    pub async fn wait_consumers(&self, n: u32) -> anyhow::Result<()> {
+    /// Waits until `n` workers consume the job queue. A worker that exited because its metrics
+    /// port was taken between our picking it and its binding it is started again on another
+    /// port; a worker that exited for any other reason fails the stack with its log's tail.
+    async fn wait_workers_up(&mut self, n: u32) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut restarts = 0;
+        loop {
+            let have = self.consumer_count().await?;
+            if have >= n {
+                return Ok(());
+            }
+            let ids: Vec<String> = self.workers.keys().cloned().collect();
+            for id in ids {
+                let Some(status) = self.worker_exit_status(&id)? else {
+                    continue;
+                };
+                let log = std::fs::read_to_string(&self.workers[&id].log).unwrap_or_default();
+                if log.contains("cannot listen on") && restarts < 3 {
+                    restarts += 1;
+                    self.start_worker(&id)?;
+                    continue;
+                }
+                bail!(
+                    "worker {id} exited ({status}) while starting: {}",
+                    tail(&log, 20)
+                );
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .workers
+                    .iter()
+                    .map(|(id, p)| {
+                        let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+                        format!("--- {id}\n{}", tail(&log, 10))
+                    })
+                    .collect();
+                bail!(
+                    "{have} of {n} workers consume {}.jobs after 60 s\n{}",
+                    self.ns,
+                    logs.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// How the worker `id` exited, if its process has.
+    fn worker_exit_status(&mut self, id: &str) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let Some(p) = self.workers.get_mut(id) else {
+            return Ok(None);
+        };
+        match p.child.as_mut() {
+            Some(c) => Ok(c.try_wait()?),
+            None => Ok(None),
+        }
+    }
+
+    /// Consumers on the job queue now (0 while the queue is not declared yet).
+    async fn consumer_count(&self) -> anyhow::Result<u32> {
         use lapin::options::QueueDeclareOptions;
         let conn =
             lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default()).await?;
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // A fresh channel: a passive declare of a queue not made yet closes it.
+        let ch = conn.create_channel().await?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
         let queue = format!("{}.jobs", self.ns);
-        loop {
-            // A fresh channel each time: a passive declare of a queue not made yet closes it.
-            let ch = conn.create_channel().await?;
-            let passive = QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            };
-            let have = match ch.queue_declare(&queue, passive, Default::default()).await {
-                Ok(q) => q.consumer_count(),
-                Err(_) => 0,
-            };
-            if have >= n {
-                let _ = conn.close(200, "ready").await;
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!("{have} of {n} workers consume {queue} after 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let have = match ch.queue_declare(&queue, passive, Default::default()).await {
+            Ok(q) => q.consumer_count(),
+            Err(_) => 0,
+        };
+        let _ = conn.close(200, "counted").await;
+        Ok(have)
     }
 
     /// Waits until batch `id` has finished (polling its view every 200 ms); the view.
@@ -273,6 +320,14 @@ impl Stack {
     /// The process id of the first coordinator, while it runs.
     pub fn coordinator_pid(&self) -> Option<u32> {
         self.coordinator.child.as_ref().map(|c| c.id())
+    }
+
+    /// The process ids of the running workers.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.workers
+            .values()
+            .filter_map(|w| w.child.as_ref().map(|c| c.id()))
+            .collect()
     }
 
     pub fn worker_ids(&self) -> Vec<String> {
@@ -701,6 +756,18 @@ pub fn delete_queues(ns: &str) {
     let _ = cleanup.join();
 }
 
+/// The token a `fleet token bootstrap` or `create` printed (its first line).
+pub fn token_of(out: &CliOutput) -> anyhow::Result<String> {
+    anyhow::ensure!(out.code == 0, "token command failed: {}", out.stderr);
+    Ok(out
+        .stdout
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string())
+}
+
 pub struct CliOutput {
     pub code: i32,
     pub stdout: String,
@@ -886,4 +953,10 @@ pub fn sum_samples(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
             .flatten()
         })
         .sum()
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -78,6 +78,10 @@ pub struct CoordinatorArgs {
 pub struct WorkerArgs {
     #[command(flatten)]
     pub backends: Backends,
+    /// The fleet's quota ledger: team budgets and call rates, `FLEET_LLM_RATE` over every
+    /// worker, the back-off on a provider's 429s.
+    #[arg(long, env = "FLEET_REDIS", default_value = "redis://127.0.0.1:6379")]
+    pub redis: String,
     #[command(flatten)]
     pub worker: WorkerSettings,
     /// Where `/metrics` is served.
@@ -317,6 +321,10 @@ pub struct RunSpec {
 pub struct SubmitArgs {
     #[command(flatten)]
     pub spec: RunSpec,
+    /// Name the repository by its path on the coordinator's disk (beneath a root its admin
+    /// allows) instead of uploading it from here.
+    #[arg(long)]
+    pub repo_on_server: bool,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -430,6 +438,7 @@ impl RunSpec {
             budget_usd: self.budget_usd,
             webhook: self.webhook.clone(),
             team: None,
+            upload: None,
         })
     }
 }

@@ -35,7 +35,8 @@ versioned!(
     ArtifactListing,
     shared::http::RunTree,
     shared::http::QuarantineView,
-    shared::http::QuarantineDecided
+    shared::http::QuarantineDecided,
+    shared::http::Uploaded
 );
 
 impl<T> Versioned for Vec<T> {
@@ -143,6 +144,11 @@ impl Client {
             .send()
             .await
             .with_context(|| format!("cannot reach the coordinator at {}", self.server))?;
+        self.send_checked(resp).await
+    }
+
+    /// The response, or its API error as the error.
+    async fn send_checked(&self, resp: reqwest::Response) -> anyhow::Result<reqwest::Response> {
         if !resp.status().is_success() {
             let status = resp.status();
             let body: Value = resp.json().await.unwrap_or(Value::Null);
@@ -184,6 +190,38 @@ impl Client {
     pub async fn text(&self, path: &str) -> anyhow::Result<String> {
         let resp = self.send(self.http.get(self.url(path))).await?;
         Ok(resp.text().await?)
+    }
+
+    /// The pack the caller's team uploaded `commit` in; `None` when it did not.
+    pub async fn uploaded(&self, commit: &str) -> anyhow::Result<Option<shared::http::Uploaded>> {
+        let path = format!("/v1/uploads/commits/{commit}");
+        let resp = self
+            .http
+            .get(self.url(&path))
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the coordinator at {}", self.server))?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let resp = self.send_checked(resp).await?;
+        self.decode(&path, resp).await.map(Some)
+    }
+
+    /// Uploads a pack holding `commit` (and its history).
+    pub async fn upload(
+        &self,
+        commit: &str,
+        pack: Vec<u8>,
+    ) -> anyhow::Result<shared::http::Uploaded> {
+        let path = format!("/v1/uploads?commit={commit}");
+        let req = self
+            .http
+            .post(self.url(&path))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(pack);
+        let resp = self.send(req).await?;
+        self.decode(&path, resp).await
     }
 
     pub async fn submit(&self, req: &SubmitRequest) -> anyhow::Result<Submitted> {

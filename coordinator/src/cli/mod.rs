@@ -16,7 +16,9 @@ mod quarantine;
 mod schedule;
 mod serve;
 mod startup;
+mod team;
 mod token;
+mod upload;
 mod watch;
 
 pub use args::*;
@@ -71,6 +73,11 @@ pub enum Cmd {
     Quarantine {
         #[command(subcommand)]
         cmd: quarantine::QuarantineCmd,
+    },
+    /// The team's quotas over the fleet: spend today, limits, runs under way, webhook, notices.
+    Team {
+        #[command(subcommand)]
+        cmd: team::TeamCmd,
     },
     /// API tokens: create, list, revoke; `bootstrap` makes a team's first admin token.
     Token {
@@ -160,8 +167,14 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Worker(a) => serve::worker_main(a).await,
         Cmd::Run(a) => serve::run_embedded(a).await,
         Cmd::Submit(a) => {
-            let req = a.spec.request()?;
-            let resp = Client::new(&a.server.server).submit(&req).await?;
+            let mut req = a.spec.request()?;
+            let client = Client::new(&a.server.server);
+            if !a.repo_on_server {
+                let repo = PathBuf::from(&req.repo);
+                let sent = upload::attach(&client, &mut req, &repo, &a.spec.git_ref).await?;
+                eprintln!("{sent}");
+            }
+            let resp = client.submit(&req).await?;
             out.line(&resp.run_id)?;
             if !resp.created {
                 eprintln!("(a run with the same inputs exists; returning it)");
@@ -296,6 +309,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Batch { cmd } => batch::run(cmd, &mut out).await,
         Cmd::Quarantine { cmd } => quarantine::run(cmd, &mut out).await,
         Cmd::Token { cmd } => token::run(cmd, &mut out).await,
+        Cmd::Team { cmd } => team::run(cmd, &mut out).await,
         Cmd::Schedule { cmd } => schedule::run(cmd, &mut out).await,
         Cmd::Graph { cmd } => match cmd {
             GraphCmd::Check { file } => {

@@ -93,6 +93,7 @@ pub async fn coordinator(a: CoordinatorArgs) -> anyhow::Result<i32> {
                 .map_err(|e| e.to_string())
         })
         .await?;
+    let ledger = connect_ledger(&a.redis, ns, wait).await?;
     let broker = connect_broker(&a.backends, wait).await?;
     let blobs = open_store(&a.backends, wait).await?;
     let mut coord = Coordinator::new(
@@ -103,6 +104,7 @@ pub async fn coordinator(a: CoordinatorArgs) -> anyhow::Result<i32> {
         CoordinatorMetrics::new(),
     );
     coord.open_api = a.open_api;
+    coord.ledger = Arc::new(ledger);
     if a.open_api {
         tracing::warn!("the API is open: no token is asked for (--open-api, for local use)");
     }
@@ -122,7 +124,7 @@ pub async fn coordinator(a: CoordinatorArgs) -> anyhow::Result<i32> {
     let token = shutdown.clone();
     axum::serve(listener, crate::api::router(coord))
         .with_graceful_shutdown(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            stop_signal().await;
             token.cancel();
         })
         .await?;
@@ -130,9 +132,51 @@ pub async fn coordinator(a: CoordinatorArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// SIGINT or SIGTERM (what a container runtime sends to stop its process).
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    info!("stopping");
+}
+
+/// The fleet's quota ledger in Redis, waited for like the other dependencies.
+async fn connect_ledger(
+    url: &str,
+    ns: &str,
+    wait: Duration,
+) -> anyhow::Result<worker::quota::redis_ledger::RedisLedger> {
+    Dependency::new("Redis", url)
+        .wait_for(wait, || async {
+            tcp_probe(url, 6379).await?;
+            worker::quota::redis_ledger::RedisLedger::connect(url, ns)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+}
+
 pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
     let wait = startup_wait()?;
-    let config = a.worker.config()?;
+    let mut config = a.worker.config()?;
+    let ledger = connect_ledger(&a.redis, &a.backends.namespace, wait).await?;
+    // `FLEET_LLM_RATE` holds over every worker of the namespace, through the ledger.
+    let fleet_rate = std::env::var("FLEET_LLM_RATE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map(|spec| shared::quota::Rate::parse(&spec))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    config.llm.gate = Some(worker::quota::FleetGate::new(Arc::new(ledger), fleet_rate));
     let broker = Arc::new(connect_broker(&a.backends, wait).await?);
     let blobs = open_store(&a.backends, wait).await?;
     let sandbox = match a.worker.sandbox {
@@ -161,7 +205,7 @@ pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        stop_signal().await;
         token.cancel();
     });
     worker::consumer::serve(runner, broker, shutdown).await;
