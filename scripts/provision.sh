@@ -24,6 +24,8 @@ command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v git >/dev/null || need_pkgs+=(git)
 # headless Chromium opens the HTML batch report in the tests (and shoots a screenshot)
 command -v chromium >/dev/null || need_pkgs+=(chromium)
+# the deployment test brings docker-compose.yml up for real (tests/compose.rs)
+command -v docker-compose >/dev/null || need_pkgs+=(docker-compose)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -93,3 +95,8 @@ if [ -n "$WEB_IMAGE" ]; then
   images="$images, $WEB_IMAGE"
 fi
 log "ready: redis 6379, rabbitmq 5672, s3 $S3_PORT, images $images"
+
+# --- the images of docker-compose.yml ---
+# All but fleet:local, which holds the fleet binary built after provisioning (tests/compose.rs
+# adds it over these in seconds).
+"$here/scripts/build-deploy-images.sh" --without-fleet
