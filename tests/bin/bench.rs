@@ -10,6 +10,10 @@
 //!        fleet-bench tree [--delay-ms D] [--concurrency C]  (child runs: `bench_tree.rs`)
 //!        fleet-bench hardened [--delay-ms D] [--sessions S] [--workers W] [--concurrency C]
 //!            [--verifier-image IMAGE]  (seed 004's hardened coder: `bench_hardened.rs`)
+//!        fleet-bench limit [--n N] [--prefetch P] [--workers W] [--concurrency C]  (the
+//!            broker's and Redis's own limit per job against the fleet: `bench_limit.rs`)
+//!        fleet-bench service [--runs N] [--reads N] [--clients C] [--fan N]  (the team service:
+//!            status reads with N runs stored, the dashboard's live updates: `bench_service.rs`)
 
 #[path = "bench_batch.rs"]
 mod bench_batch;
@@ -17,6 +21,10 @@ mod bench_batch;
 mod bench_hardened;
 #[path = "bench_hardened_app.rs"]
 mod bench_hardened_app;
+#[path = "bench_limit.rs"]
+mod bench_limit;
+#[path = "bench_service.rs"]
+mod bench_service;
 #[path = "bench_tree.rs"]
 mod bench_tree;
 
@@ -60,6 +68,24 @@ async fn main() -> anyhow::Result<()> {
         Some("batch") => return bench_batch::run(arg("--n", 1000), arg("--slots", 32)).await,
         Some("tree") => {
             return bench_tree::run(arg("--delay-ms", 2000), arg("--concurrency", 6)).await
+        }
+        Some("limit") => {
+            return bench_limit::run(bench_limit::Options {
+                n: arg("--n", 10_000),
+                prefetch: arg("--prefetch", 64) as u16,
+                workers: arg("--workers", 2),
+                concurrency: arg("--concurrency", 8),
+            })
+            .await
+        }
+        Some("service") => {
+            return bench_service::run(bench_service::Options {
+                runs: arg("--runs", 1000),
+                reads: arg("--reads", 2000),
+                clients: arg("--clients", 8),
+                fan: arg("--fan", 1000),
+            })
+            .await
         }
         Some("hardened") => {
             let args: Vec<String> = std::env::args().collect();
