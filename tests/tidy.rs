@@ -251,6 +251,7 @@ fn io_crates_are_named_by_their_adapter_only() {
                 || p == "coordinator/src/store/redis_batches.rs"
                 || p == "coordinator/src/store/redis_schedules.rs"
                 || p == "coordinator/src/store/redis_tokens.rs"
+                || p == "coordinator/src/store/redis_slots.rs"
                 || p == "worker/src/quota/redis_ledger.rs"
         }),
         ("object_store", |p| p == "worker/src/blobs.rs"),

@@ -39,6 +39,9 @@ pub struct JobEnvelope {
     /// The spec itself when it is small (at most `INLINE_LIMIT` bytes of JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<Box<JobSpec>>,
+    /// The team whose run the job is of (its `concurrent_jobs` limit holds the job back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 /// On the results queue: a job's start notice or its result, tagged by `kind` (`started`,

@@ -119,10 +119,55 @@ pub trait TokenStore: Send + Sync {
     ) -> Result<bool, PortError>;
 }
 
-/// Run state with versioned, atomic transitions and an outbox; batches, schedules and API
-/// tokens beside them.
+/// A team's jobs in flight (its `concurrent_jobs`): slots held by job attempts (`<job>.a<n>`,
+/// each lapsing `lease_ms` after it was taken) and the team's line of outbox messages waiting
+/// for one. A message is always in exactly one place until it is published: the outbox, a
+/// relay's in-flight list, or the team's line; every move between them is atomic.
 #[async_trait]
-pub trait RunStore: BatchStore + ScheduleStore + TokenStore + Send + Sync {
+pub trait JobSlotStore: Send + Sync {
+    /// For each claimed `(slot, raw)` of `owner`, in order: true when the attempt holds its
+    /// slot already or fewer than `limit` are held (it takes one); false when the team is
+    /// full, and then the raw leaves `owner`'s in-flight list for the end of the team's line.
+    async fn admit_jobs(
+        &self,
+        owner: &str,
+        team: &str,
+        limit: u32,
+        now_ms: i64,
+        lease_ms: i64,
+        items: &[(String, String)],
+    ) -> Result<Vec<bool>, PortError>;
+    /// Frees `slots` (attempts that ended) and lapsed slots, then moves messages from the
+    /// front of the team's line to the outbox, each taking a slot, while fewer than `limit`
+    /// are held (`None`: no limit, the whole line moves). How many moved.
+    async fn release_jobs(
+        &self,
+        team: &str,
+        limit: Option<u32>,
+        now_ms: i64,
+        lease_ms: i64,
+        slots: &[String],
+    ) -> Result<usize, PortError>;
+    /// Frees every slot of `run` and drops its messages from the team's line (the run ended),
+    /// then moves waiting messages as `release_jobs` does. How many moved.
+    async fn release_run_jobs(
+        &self,
+        team: &str,
+        limit: Option<u32>,
+        now_ms: i64,
+        lease_ms: i64,
+        run: &RunId,
+    ) -> Result<usize, PortError>;
+    /// Slots held (lapsed ones not counted) and messages in the team's line.
+    async fn job_slots(&self, team: &str, now_ms: i64) -> Result<(u64, u64), PortError>;
+    /// Teams with messages in their line.
+    async fn teams_waiting(&self) -> Result<Vec<String>, PortError>;
+}
+
+/// Run state with versioned, atomic transitions and an outbox; batches, schedules, API tokens
+/// and the teams' job slots beside them.
+#[async_trait]
+pub trait RunStore: BatchStore + ScheduleStore + TokenStore + JobSlotStore + Send + Sync {
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError>;

@@ -50,6 +50,9 @@ impl Rate {
     }
 }
 
+/// The highest `concurrent_jobs` a team may be given.
+pub const MAX_CONCURRENT_JOBS: u32 = 100_000;
+
 /// A team's limits; an absent one does not limit.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +60,10 @@ pub struct TeamLimits {
     /// Runs of the team under way at once; a submission past it is refused (429).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrent_runs: Option<u32>,
+    /// Jobs of the team in flight at once (queued or running), over all its runs: past it, a
+    /// job waits in the team's line and is published when one of the team's jobs ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_jobs: Option<u32>,
     /// Dollars of LLM calls per day (UTC), over every run of the team.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daily_usd: Option<f64>,
@@ -91,6 +98,14 @@ impl TeamLimits {
         }
         if self.concurrent_runs == Some(0) {
             return Err("concurrent_runs must be above 0".into());
+        }
+        if self
+            .concurrent_jobs
+            .is_some_and(|n| n == 0 || n > MAX_CONCURRENT_JOBS)
+        {
+            return Err(format!(
+                "concurrent_jobs must be above 0 and at most {MAX_CONCURRENT_JOBS}"
+            ));
         }
         for (provider, rate) in &self.llm_rate {
             if !PROVIDERS.contains(&provider.as_str()) {
@@ -244,9 +259,29 @@ pub struct TeamView {
     pub used_today: Spent,
     pub llm_calls_today: u64,
     pub runs_under_way: u64,
+    /// Jobs holding one of the team's slots (queued or running), counted while it has a
+    /// `concurrent_jobs` limit or jobs still hold slots from one.
+    #[serde(default)]
+    pub jobs_in_flight: u64,
+    /// Jobs waiting in the team's line for a slot.
+    #[serde(default)]
+    pub jobs_waiting: u64,
     /// The team's webhook for its notices (budget marks; the runs that name none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,
+}
+
+impl crate::messages::JobEnvelope {
+    /// The slot this attempt holds against its team's `concurrent_jobs`.
+    pub fn slot(&self) -> String {
+        slot_of(&self.job_id, self.attempt)
+    }
+}
+
+/// The slot an attempt of a job holds against its team's `concurrent_jobs`: `<job>.a<attempt>`
+/// (a job id starts with its run's id and a dot, so a run's slots share that prefix).
+pub fn slot_of(job: &crate::ids::JobId, attempt: crate::ids::Attempt) -> String {
+    format!("{job}.a{attempt}")
 }
 
 #[cfg(test)]

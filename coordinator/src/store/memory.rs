@@ -8,7 +8,8 @@ use shared::batch::{BatchHeader, BatchSlice, BatchState};
 use shared::engine::RunState;
 use shared::ids::{BatchId, RunId};
 use shared::ports::{
-    BatchStore, CasOutcome, OutboxMessage, PortError, RunStore, ScheduleStore, TokenStore,
+    BatchStore, CasOutcome, JobSlotStore, OutboxMessage, PortError, RunStore, ScheduleStore,
+    TokenStore,
 };
 use shared::schedule::{ScheduleDef, ScheduleState};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -63,6 +64,34 @@ struct Inner {
     schedules: BTreeMap<String, (ScheduleDef, ScheduleState, u64)>,
     /// API tokens in the order they were added.
     tokens: Vec<TokenRecord>,
+    /// Per team: the attempts holding a slot, each with when it lapses (unix milliseconds).
+    slots: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Per team: its line of (slot, outbox message) waiting for a slot.
+    lines: BTreeMap<String, VecDeque<(String, String)>>,
+}
+
+impl Inner {
+    /// Frees lapsed slots of `team`, then moves messages from its line to the outbox while
+    /// there is room under `limit`.
+    fn promote(&mut self, team: &str, limit: Option<u32>, now_ms: i64, lease_ms: i64) -> usize {
+        let held = self.slots.entry(team.to_string()).or_default();
+        held.retain(|_, lapses| *lapses > now_ms);
+        let line = self.lines.entry(team.to_string()).or_default();
+        let mut moved = Vec::new();
+        while limit.is_none_or(|l| held.len() < l as usize) {
+            let Some((slot, raw)) = line.pop_front() else {
+                break;
+            };
+            held.insert(slot, now_ms + lease_ms);
+            moved.push(raw);
+        }
+        if line.is_empty() {
+            self.lines.remove(team);
+        }
+        let n = moved.len();
+        self.outbox.extend(moved);
+        n
+    }
 }
 
 fn encode(m: &OutboxMessage) -> String {
@@ -215,6 +244,95 @@ impl ScheduleStore for MemoryRunStore {
 
     async fn list_schedules(&self) -> Result<Vec<String>, PortError> {
         Ok(self.lock().schedules.keys().cloned().collect())
+    }
+}
+
+#[async_trait]
+impl JobSlotStore for MemoryRunStore {
+    async fn admit_jobs(
+        &self,
+        owner: &str,
+        team: &str,
+        limit: u32,
+        now_ms: i64,
+        lease_ms: i64,
+        items: &[(String, String)],
+    ) -> Result<Vec<bool>, PortError> {
+        let mut g = self.lock();
+        let g = &mut *g;
+        // Those waiting go before newcomers.
+        g.promote(team, Some(limit), now_ms, lease_ms);
+        let mut admitted = Vec::with_capacity(items.len());
+        for (slot, raw) in items {
+            let held = g.slots.entry(team.to_string()).or_default();
+            let line_empty = g.lines.get(team).is_none_or(VecDeque::is_empty);
+            if held.contains_key(slot) || (line_empty && held.len() < limit as usize) {
+                held.insert(slot.clone(), now_ms + lease_ms);
+                admitted.push(true);
+                continue;
+            }
+            if let Some(list) = g.inflight.get_mut(owner) {
+                if let Some(i) = list.iter().position(|r| r == raw) {
+                    list.remove(i);
+                }
+            }
+            g.lines
+                .entry(team.to_string())
+                .or_default()
+                .push_back((slot.clone(), raw.clone()));
+            admitted.push(false);
+        }
+        Ok(admitted)
+    }
+
+    async fn release_jobs(
+        &self,
+        team: &str,
+        limit: Option<u32>,
+        now_ms: i64,
+        lease_ms: i64,
+        slots: &[String],
+    ) -> Result<usize, PortError> {
+        let mut g = self.lock();
+        if let Some(held) = g.slots.get_mut(team) {
+            for s in slots {
+                held.remove(s);
+            }
+        }
+        Ok(g.promote(team, limit, now_ms, lease_ms))
+    }
+
+    async fn release_run_jobs(
+        &self,
+        team: &str,
+        limit: Option<u32>,
+        now_ms: i64,
+        lease_ms: i64,
+        run: &RunId,
+    ) -> Result<usize, PortError> {
+        let prefix = format!("{run}.");
+        let mut g = self.lock();
+        if let Some(held) = g.slots.get_mut(team) {
+            held.retain(|slot, _| !slot.starts_with(&prefix));
+        }
+        if let Some(line) = g.lines.get_mut(team) {
+            line.retain(|(slot, _)| !slot.starts_with(&prefix));
+        }
+        Ok(g.promote(team, limit, now_ms, lease_ms))
+    }
+
+    async fn job_slots(&self, team: &str, now_ms: i64) -> Result<(u64, u64), PortError> {
+        let g = self.lock();
+        let held = g
+            .slots
+            .get(team)
+            .map_or(0, |h| h.values().filter(|lapses| **lapses > now_ms).count());
+        let waiting = g.lines.get(team).map_or(0, VecDeque::len);
+        Ok((held as u64, waiting as u64))
+    }
+
+    async fn teams_waiting(&self) -> Result<Vec<String>, PortError> {
+        Ok(self.lock().lines.keys().cloned().collect())
     }
 }
 

@@ -201,10 +201,10 @@ impl RedisRunStore {
     fn runs_key(&self) -> String {
         format!("{}:runs", self.ns)
     }
-    fn outbox_key(&self) -> String {
+    pub(super) fn outbox_key(&self) -> String {
         format!("{}:outbox", self.ns)
     }
-    fn inflight_key(&self, owner: &str) -> String {
+    pub(super) fn inflight_key(&self, owner: &str) -> String {
         format!("{}:outbox:inflight:{owner}", self.ns)
     }
     fn deadlines_key(&self) -> String {

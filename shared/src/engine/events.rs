@@ -101,6 +101,25 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// The team slot (`quota::slot_of`) the event ends: a result, a dead letter or a
+    /// re-issue ends its attempt (a re-issued job takes a new slot as its next attempt).
+    pub fn ended_slot(&self) -> Option<String> {
+        match self {
+            Event::JobFinished { result, .. } => {
+                Some(crate::quota::slot_of(&result.job_id, result.attempt))
+            }
+            Event::JobDead {
+                job_id, attempt, ..
+            }
+            | Event::Reissue {
+                job_id, attempt, ..
+            } => Some(crate::quota::slot_of(job_id, *attempt)),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
     Publish(Box<JobSpec>),

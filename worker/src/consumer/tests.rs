@@ -155,6 +155,7 @@ async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
         attempt: spec.attempt,
         spec_ref: "blobs/unused".into(),
         spec: Some(Box::new(spec)),
+        team: None,
     })
     .unwrap();
     let broker = Arc::new(MemoryBroker::default());

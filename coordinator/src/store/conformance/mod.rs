@@ -24,9 +24,11 @@ use std::time::Duration;
 
 mod batches;
 mod schedules;
+mod slots;
 mod tokens;
 pub use batches::*;
 pub use schedules::*;
+pub use slots::*;
 pub use tokens::*;
 
 /// What the adapter under test is allowed to do differently.
@@ -71,10 +73,11 @@ pub fn message(run: &str, i: u32) -> OutboxMessage {
         attempt: 1,
         spec_ref: format!("blobs/{i:064}"),
         spec: None,
+        team: None,
     })
 }
 
-fn decode(raws: &[String]) -> Vec<OutboxMessage> {
+pub(super) fn decode(raws: &[String]) -> Vec<OutboxMessage> {
     raws.iter()
         .map(|r| serde_json::from_str(r).expect("an outbox message as the store took it"))
         .collect()
@@ -404,6 +407,9 @@ macro_rules! run_store_conformance {
             schedules_are_added_once_and_listed_by_name,
             schedule_states_are_written_by_version_and_uid,
             tokens_are_found_by_hash_and_revoked_in_place,
+            a_full_team_waits_in_line_and_a_freed_slot_moves_the_line,
+            lapsed_slots_free_room_and_an_ended_run_leaves_nothing,
+            without_a_limit_the_whole_line_moves,
         );
     };
     (@cases $fresh:expr, $profile:expr; $($case:ident,)+) => {
