@@ -19,6 +19,8 @@ pub struct CoordinatorMetrics {
     pub uploads: IntCounterVec,
     /// Bytes of uploaded packs written to object storage (not those found there already).
     pub upload_bytes_stored: IntCounter,
+    /// Job messages that waited in their team's line (its `concurrent_jobs`).
+    pub jobs_held: IntCounter,
 }
 
 impl CoordinatorMetrics {
@@ -103,7 +105,16 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(upload_bytes_stored.clone()))
             .expect("unique");
+        let jobs_held = IntCounter::new(
+            "fleet_jobs_held_total",
+            "job messages that waited for a slot of their team's concurrent_jobs",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(jobs_held.clone()))
+            .expect("unique");
         Self {
+            jobs_held,
             uploads,
             upload_bytes_stored,
             registry,

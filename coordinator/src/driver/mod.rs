@@ -6,9 +6,11 @@
 //! The rooms: this file applies events and commits them; `mirror` keeps the copy of each run
 //! in object storage and restores runs the store lost; `relay` publishes the outbox; `inbox`
 //! consumes results and batches them per run; `watchdog` re-issues jobs past their deadline;
-//! `tree` carries child runs' starts, ends and cancels between runs.
+//! `tree` carries child runs' starts, ends and cancels between runs; `job_slots` holds a team's
+//! jobs to its `concurrent_jobs`.
 
 mod inbox;
+mod job_slots;
 mod mirror;
 mod notices;
 mod relay;
@@ -106,6 +108,8 @@ pub struct Coordinator {
     /// Rung when a run finishes here, so the batch driver settles it and starts the next
     /// item at once rather than at its next tick.
     pub batch_wake: Notify,
+    /// Teams' `concurrent_jobs` as last read from the ledger, and when (`job_slots`).
+    team_job_limits: Mutex<HashMap<String, (std::time::Instant, Option<u32>)>>,
 }
 
 /// A coordinator id no other process shares: in containers every process is pid 1, so the
@@ -184,6 +188,7 @@ impl Coordinator {
             ledger: Arc::new(worker::quota::memory::MemoryLedger::new()),
             run_changed: tokio::sync::broadcast::channel(1024).0,
             http: crate::schedules::webhook::client(),
+            team_job_limits: Mutex::new(HashMap::new()),
         }
     }
 
@@ -258,6 +263,7 @@ impl Coordinator {
                     attempt: spec.attempt,
                     spec_ref,
                     spec: inline.map(Box::new),
+                    team: spec.team.clone(),
                 }));
             }
             self.run_messages(fx, &mut out).await?;
@@ -362,6 +368,9 @@ impl Coordinator {
                 // Nothing changed (duplicates): the mirror must still hold this version before
                 // the messages are acked (a commit whose mirror write failed is redelivered).
                 self.mirror_if_behind(&current, version).await?;
+                // A result seen again (its first commit's coordinator died before the ack)
+                // frees its slot if that coordinator could not.
+                self.release_slots(&current, events).await;
                 break applied;
             }
             let outbox = self.outbox_for(&effects).await?;
@@ -377,6 +386,11 @@ impl Coordinator {
                     self.after_commit(&current, &effects);
                     self.watch(run, &effects).await;
                     self.control(&effects).await;
+                    // Before the messages that ended the attempts are acked.
+                    self.release_slots(&current, events).await;
+                    if finishes(&effects) {
+                        self.release_run_slots(&current).await;
+                    }
                     if !outbox.is_empty() {
                         self.outbox_ready.notify_one();
                     }

@@ -62,6 +62,7 @@ impl Coordinator {
                     ),
                     Err(e) => warn!(error = %e, "outbox recovery failed"),
                 }
+                self.sweep_lines().await;
                 last_recover = Some(std::time::Instant::now());
             }
             let batch = match self.store.outbox_claim(&self.id, 256).await {
@@ -74,6 +75,10 @@ impl Coordinator {
             if !batch.is_empty() {
                 worker::faults::point("coordinator.after_claim").await;
             }
+            // Jobs of teams at their concurrent_jobs wait in their team's line.
+            let claimed = batch.len();
+            let batch = self.admit_claimed(batch).await;
+            let held = claimed - batch.len();
             // Notices are delivered by tasks of their own, each forgetting its message when
             // done; the rest is published now.
             let (notices, batch): (Vec<String>, Vec<String>) = batch
@@ -95,6 +100,9 @@ impl Coordinator {
                 if let Err(e) = self.store.outbox_done(&self.id, &batch).await {
                     warn!(error = %e, "could not forget published outbox messages; they may be published twice");
                 }
+                continue;
+            }
+            if held > 0 {
                 continue;
             }
             tokio::select! {
