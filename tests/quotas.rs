@@ -665,3 +665,189 @@ async fn a_teams_webhook_hears_of_its_runs_approvals_and_batches() -> anyhow::Re
     );
     Ok(())
 }
+
+const WIDE: &str = r#"
+name: wide
+start: spread
+nodes:
+  spread: {kind: fanout, over: input.items, body: work, join: gather}
+  work:
+    kind: command
+    commands: ["sleep 3", "echo {{ item }}"]
+    image: fleet-agent-py:1
+    worktree: {from: base, mode: ro}
+    routes: [{to: gather}]
+  gather: {kind: join, routes: [{to: done}]}
+  done: {kind: exit, status: gather.output.count == (input.items | length)}
+"#;
+
+/// The most of `spans` (start, end) that overlap at any instant.
+fn most_at_once(spans: &[(String, String)]) -> usize {
+    let mut edges: Vec<(chrono::DateTime<chrono::Utc>, i32)> = Vec::new();
+    for (start, end) in spans {
+        edges.push((start.parse().expect("a start time"), 1));
+        edges.push((end.parse().expect("an end time"), -1));
+    }
+    // An end and a start at the same instant do not overlap.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// Each job's (started_at, ended_at) of a finished run's view.
+fn spans(view: &Value) -> Vec<(String, String)> {
+    view["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|j| {
+            Some((
+                j["started_at"].as_str()?.to_string(),
+                j["ended_at"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_at_its_concurrent_jobs_runs_that_many_at_once_over_all_its_runs(
+) -> anyhow::Result<()> {
+    // Room for six jobs at once; team A may have two in flight, team B has no limit.
+    let stack = Stack::start_config(StackConfig {
+        tag: "quota-jobs",
+        workers: 2,
+        concurrency: 3,
+        coordinator_env: &[("FLEET_OPEN_API", "0")],
+        ..StackConfig::default()
+    })
+    .await?;
+    let admin_a =
+        fleet_tests::stack::token_of(&stack.cli(&["token", "bootstrap", "--team", "team-a"])?)?;
+    let admin_b =
+        fleet_tests::stack::token_of(&stack.cli(&["token", "bootstrap", "--team", "team-b"])?)?;
+    let as_a = [("FLEET_TOKEN", admin_a.as_str())];
+    let out = stack.cli_env(&["team", "limits", "--concurrent-jobs", "2"], &as_a)?;
+    anyhow::ensure!(out.code == 0, "limits: {}", out.stderr);
+
+    let dir = stack.dir.path().join("wide");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("graph.yaml"), WIDE)?;
+    std::fs::write(dir.join("script.json"), "{}")?;
+    let repo = fleet_tests::submit::git_repo(&dir, "repo", &[("a.txt", "a\n")])?;
+    let submit = |n: u32, token: &str| -> anyhow::Result<String> {
+        let input = dir.join(format!("input-{n}.json"));
+        // Items of their own per run: no step is a cache hit of another.
+        let items: Vec<u32> = (1..=3).map(|i| n * 10 + i).collect();
+        std::fs::write(&input, json!({ "items": items }).to_string())?;
+        let out = stack.cli_env(
+            &[
+                "submit",
+                "--graph",
+                &dir.join("graph.yaml").display().to_string(),
+                "--repo",
+                &repo.display().to_string(),
+                "--input",
+                &input.display().to_string(),
+                "--script",
+                &dir.join("script.json").display().to_string(),
+            ],
+            &[("FLEET_TOKEN", token)],
+        )?;
+        anyhow::ensure!(out.code == 0, "submit: {}", out.stderr);
+        Ok(out.stdout.trim().to_string())
+    };
+    // Two runs of team A (six jobs), a third cancelled while its jobs wait, then team B's.
+    let a1 = submit(1, &admin_a)?;
+    let a2 = submit(2, &admin_a)?;
+    let a3 = submit(3, &admin_a)?;
+    let b1 = submit(4, &admin_b)?;
+    let mut most_waiting = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while most_waiting == 0 {
+        let view = get(&stack, &admin_a, "/v1/team").await?;
+        assert!(
+            view["jobs_in_flight"].as_u64() <= Some(2),
+            "team A holds at most two slots: {view}"
+        );
+        most_waiting = view["jobs_waiting"].as_u64().unwrap_or(0);
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no job ever waited: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = stack.cli_env(&["status", &a1], &as_a)?;
+    assert!(
+        status.stderr.contains("team team-a:") && status.stderr.contains("jobs in flight"),
+        "fleet status shows the team's quotas: {}",
+        status.stderr
+    );
+    let out = stack.cli_env(&["cancel", &a3], &as_a)?;
+    anyhow::ensure!(out.code == 0, "cancel: {}", out.stderr);
+
+    let done_b = wait_ended(&stack, &admin_b, &b1).await?;
+    let done_a1 = wait_ended(&stack, &admin_a, &a1).await?;
+    let done_a2 = wait_ended(&stack, &admin_a, &a2).await?;
+    let done_a3 = wait_ended(&stack, &admin_a, &a3).await?;
+    assert_eq!(done_a1["status"], "succeeded", "{done_a1}");
+    assert_eq!(done_a2["status"], "succeeded", "{done_a2}");
+    assert_eq!(done_b["status"], "succeeded", "{done_b}");
+    assert_eq!(done_a3["status"], "cancelled", "{done_a3}");
+
+    // Measured from the jobs' own start and end times: never more than two of team A's jobs
+    // ran at once, over both of its runs; all six ran.
+    let mut team_a = spans(&done_a1);
+    team_a.extend(spans(&done_a2));
+    assert_eq!(team_a.len(), 6, "{done_a1} {done_a2}");
+    for view in [&done_a1, &done_a2, &done_b] {
+        let ok = view["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|j| j["status"] == "ok");
+        assert!(ok, "every job slept and succeeded: {view}");
+    }
+    assert!(
+        most_at_once(&team_a) <= 2,
+        "team A ran {} jobs at once: {team_a:?}",
+        most_at_once(&team_a)
+    );
+    // The cancelled run's jobs waited in line and never ran.
+    assert!(
+        spans(&done_a3).is_empty(),
+        "a job of the cancelled run ran: {done_a3}"
+    );
+    // Team B was not held behind team A: its run ended before team A's work did.
+    let ended = |v: &Value| v["finished_at"].as_str().unwrap_or_default().to_string();
+    assert!(
+        ended(&done_b) < ended(&done_a1).max(ended(&done_a2)),
+        "team B waited for team A: {} vs {} {}",
+        ended(&done_b),
+        ended(&done_a1),
+        ended(&done_a2)
+    );
+    // Nothing is left holding a slot or waiting.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = get(&stack, &admin_a, "/v1/team").await?;
+        if view["jobs_in_flight"] == 0 && view["jobs_waiting"] == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "slots left behind: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let show = stack.cli_env(&["team", "show"], &as_a)?;
+    assert!(
+        show.stdout.contains("jobs in flight 0 of 2, 0 waiting"),
+        "{}",
+        show.stdout
+    );
+    Ok(())
+}

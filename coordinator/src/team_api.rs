@@ -1,5 +1,5 @@
 //! A team's quotas over the fleet, through the API: its limits (set by its admins), what it
-//! spent today and its runs under way (`GET /v1/team`, drawn by `fleet team`), its notices (the
+//! spent today, its runs under way and its jobs in flight and waiting (`GET /v1/team`, drawn by `fleet team`), its notices (the
 //! budget marks its spend crossed), its webhook and that webhook's delivery log. A team token
 //! sees its own team; the open API names the team with `?team=`. Also the submission's check
 //! of the team's runs under way.
@@ -75,7 +75,15 @@ pub(crate) async fn show(
     let team = team_of(&p, &q)?;
     let day = day_of(c.clock.now());
     let (used, calls) = c.ledger.used(&team, &day).await?;
+    let now_ms = c.clock.now().timestamp_millis();
+    let (jobs_in_flight, jobs_waiting) = c
+        .store
+        .job_slots(&team, now_ms)
+        .await
+        .map_err(|e| ApiError::from(DriverError::from(e)))?;
     Ok(Json(TeamView {
+        jobs_in_flight,
+        jobs_waiting,
         limits: c.ledger.limits(&team).await?,
         runs_under_way: c.ledger.runs_under_way(&team).await?.len() as u64,
         webhook: c.ledger.webhook(&team).await?,

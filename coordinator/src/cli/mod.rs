@@ -205,6 +205,19 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
                 }
             }
             out.line(serde_json::to_string_pretty(&v)?)?;
+            // The team's quotas beside the run (on stderr: stdout stays the run's JSON).
+            if let Some(team) = v["team"].as_str() {
+                match client
+                    .get::<serde_json::Value>(&format!("/v1/team?team={team}"))
+                    .await
+                {
+                    Ok(t) => match serde_json::from_value(t) {
+                        Ok(t) => eprintln!("{}", team::one_line(&t)),
+                        Err(e) => eprintln!("(the team's quotas could not be read: {e})"),
+                    },
+                    Err(e) => eprintln!("(the team's quotas could not be read: {e})"),
+                }
+            }
             Ok(0)
         }
         Cmd::Events(e) => {

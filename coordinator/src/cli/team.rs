@@ -49,6 +49,10 @@ pub struct LimitsArgs {
     pub team: TeamArg,
     #[arg(long)]
     pub concurrent_runs: Option<u32>,
+    /// Jobs of the team queued or running at once over the fleet; past it jobs wait in the
+    /// team's line.
+    #[arg(long)]
+    pub concurrent_jobs: Option<u32>,
     #[arg(long)]
     pub daily_usd: Option<f64>,
     #[arg(long)]
@@ -69,6 +73,24 @@ pub struct WebhookArgs {
     pub team: TeamArg,
     /// The webhook's URL; none removes it.
     pub url: Option<String>,
+}
+
+/// The team's quotas in one line (`fleet status` prints it beside a run of the team).
+pub fn one_line(v: &TeamView) -> String {
+    let l = &v.limits;
+    let of = |limit: Option<u32>| limit.map(|m| format!(" of {m}")).unwrap_or_default();
+    format!(
+        "team {}: ${:.4}{} spent today, {} tokens; runs under way {}{}; jobs in flight {}{}, {} waiting",
+        v.team,
+        v.used_today.usd_micros as f64 / 1e6,
+        l.daily_usd.map(|d| format!(" of ${d:.2}")).unwrap_or_default(),
+        v.used_today.tokens,
+        v.runs_under_way,
+        of(l.concurrent_runs),
+        v.jobs_in_flight,
+        of(l.concurrent_jobs),
+        v.jobs_waiting,
+    )
 }
 
 fn percent(used: u64, limit: Option<u64>) -> String {
@@ -110,6 +132,14 @@ pub fn render(v: &TeamView) -> Vec<String> {
                 .map(|m| format!(" of {m}"))
                 .unwrap_or_default()
         ),
+        format!(
+            "jobs in flight {}{}, {} waiting",
+            v.jobs_in_flight,
+            l.concurrent_jobs
+                .map(|m| format!(" of {m}"))
+                .unwrap_or_default(),
+            v.jobs_waiting
+        ),
     ];
     if let Some(u) = l.run_usd {
         lines.push(format!("per run       ${u:.2}"));
@@ -147,6 +177,7 @@ pub async fn run(cmd: TeamCmd, out: &mut Out) -> anyhow::Result<i32> {
         TeamCmd::Limits(a) => {
             let mut limits = TeamLimits {
                 concurrent_runs: a.concurrent_runs,
+                concurrent_jobs: a.concurrent_jobs,
                 daily_usd: a.daily_usd,
                 daily_tokens: a.daily_tokens,
                 run_usd: a.run_usd,

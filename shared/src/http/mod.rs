@@ -214,6 +214,9 @@ pub struct StatusView {
     /// The child runs its spawn nodes started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildView>,
+    /// The team the run belongs to (its quotas: `GET /v1/team`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 impl StatusView {
@@ -275,6 +278,7 @@ impl StatusView {
             finished_at: s.finished_at,
             tree: s.tree.clone(),
             children: ChildView::all(s),
+            team: s.team.clone(),
         }
     }
 }
