@@ -1,6 +1,6 @@
 //! Prometheus metrics of a coordinator. Labels stay bounded.
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
 #[derive(Clone)]
 pub struct CoordinatorMetrics {
@@ -21,6 +21,9 @@ pub struct CoordinatorMetrics {
     pub upload_bytes_stored: IntCounter,
     /// Job messages that waited in their team's line (its `concurrent_jobs`).
     pub jobs_held: IntCounter,
+    /// Seconds each phase of a group commit took (`load`, `engine`, `outbox`, `store`,
+    /// `mirror`, `after`): where a result's cost goes in the coordinator.
+    pub commit_phase: HistogramVec,
 }
 
 impl CoordinatorMetrics {
@@ -113,7 +116,22 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(jobs_held.clone()))
             .expect("unique");
+        let commit_phase = HistogramVec::new(
+            HistogramOpts::new(
+                "fleet_commit_phase_seconds",
+                "seconds each phase of a run's group commit took",
+            )
+            .buckets(vec![
+                0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
+            ]),
+            &["phase"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(commit_phase.clone()))
+            .expect("unique");
         Self {
+            commit_phase,
             jobs_held,
             uploads,
             upload_bytes_stored,
@@ -142,5 +160,30 @@ impl CoordinatorMetrics {
 impl Default for CoordinatorMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Times the phases of one group commit into `fleet_commit_phase_seconds`.
+pub struct CommitPhases<'a> {
+    metrics: &'a CoordinatorMetrics,
+    since: std::time::Instant,
+}
+
+impl<'a> CommitPhases<'a> {
+    pub fn start(metrics: &'a CoordinatorMetrics) -> Self {
+        CommitPhases {
+            metrics,
+            since: std::time::Instant::now(),
+        }
+    }
+
+    /// Records the time since the last phase ended as `phase`'s.
+    pub fn end(&mut self, phase: &str) {
+        let now = std::time::Instant::now();
+        self.metrics
+            .commit_phase
+            .with_label_values(&[phase])
+            .observe((now - self.since).as_secs_f64());
+        self.since = now;
     }
 }

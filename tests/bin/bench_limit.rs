@@ -295,6 +295,25 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     for ((name, pid), b) in processes.iter().zip(before) {
         *cpu.entry(name.clone()).or_default() += cpu_seconds(*pid).unwrap_or(b) - b;
     }
+    // Where the coordinator's time went, phase by phase of its group commits.
+    let text = reqwest::get(format!("{}/metrics", stack.server))
+        .await?
+        .text()
+        .await?;
+    let mut phases = serde_json::Map::new();
+    for phase in ["load", "engine", "outbox", "store", "mirror", "after"] {
+        let sum = fleet_tests::stack::sum_samples(
+            &text,
+            "fleet_commit_phase_seconds_sum",
+            &[("phase", phase)],
+        );
+        phases.insert(phase.into(), json!(sum * 1e3 / o.n as f64));
+    }
+    let commits = fleet_tests::stack::sum_samples(
+        &text,
+        "fleet_commit_phase_seconds_count",
+        &[("phase", "store")],
+    );
     let fleet = o.n as f64 / run_secs;
     let per_job_ms: serde_json::Map<String, serde_json::Value> = cpu
         .iter()
@@ -307,6 +326,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             "fleet_jobs_per_second": fleet, "fleet_seconds": run_secs,
             "fleet_share_of_broker_limit": fleet / broker,
             "cpu_ms_per_job": per_job_ms,
+            "coordinator_commit_ms_per_job": phases, "commits": commits,
             "workers": o.workers, "concurrency": o.concurrency})
     );
     Ok(())

@@ -327,8 +327,10 @@ impl Coordinator {
         let mut wrote_results = false;
         let mut skip = std::collections::HashSet::new();
         let outcome = loop {
+            let mut phase = crate::metrics::CommitPhases::start(&self.metrics);
             let (state, version) = self.load_versioned(run).await?;
             let bundle = self.bundle(&state.graph_ref).await?;
+            phase.end("load");
             let mut current = state;
             let mut effects = Vec::new();
             let mut applied = Vec::with_capacity(events.len());
@@ -364,6 +366,7 @@ impl Coordinator {
                     .with_label_values(&[applied_label(a)])
                     .inc();
             }
+            phase.end("engine");
             if !applied.contains(&Applied::Changed) {
                 // Nothing changed (duplicates): the mirror must still hold this version before
                 // the messages are acked (a commit whose mirror write failed is redelivered).
@@ -378,11 +381,15 @@ impl Coordinator {
                 self.write_results(&current).await?;
                 wrote_results = true;
             }
-            match self.store.commit(&current, version, &outbox).await? {
+            phase.end("outbox");
+            let committed = self.store.commit(&current, version, &outbox).await?;
+            phase.end("store");
+            match committed {
                 CasOutcome::Committed => {
                     worker::faults::point("coordinator.after_commit").await;
                     // Before any message this commit consumed is acked.
                     self.mirror(&current, version + 1).await?;
+                    phase.end("mirror");
                     self.after_commit(&current, &effects);
                     self.watch(run, &effects).await;
                     self.control(&effects).await;
@@ -397,6 +404,7 @@ impl Coordinator {
                     if current.status.is_terminal() && current.pending_jobs().next().is_none() {
                         self.forget_run(run);
                     }
+                    phase.end("after");
                     return Ok(applied);
                 }
                 CasOutcome::Conflict => {
