@@ -50,25 +50,14 @@ async fn a_member_watches_a_run_live_approves_it_from_the_page_and_sees_it_finis
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("graph.yaml"), GRAPH)?;
     std::fs::write(dir.join("input.json"), "{}")?;
-    std::fs::write(dir.join("script.json"), "{}")?;
     let repo = fleet_tests::submit::git_repo(&dir, "repo", &[("a.txt", "a\n")])?;
-    let p = |f: &str| dir.join(f).display().to_string();
-    let out = stack.cli_env(
-        &[
-            "submit",
-            "--graph",
-            &p("graph.yaml"),
-            "--repo",
-            &repo.display().to_string(),
-            "--input",
-            &p("input.json"),
-            "--script",
-            &p("script.json"),
-        ],
-        &[("FLEET_TOKEN", member.as_str())],
+    let run = fleet_tests::submit::submit_run_as(
+        &stack,
+        &dir.join("graph.yaml"),
+        &repo,
+        &dir.join("input.json"),
+        &member,
     )?;
-    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
-    let run = out.stdout.trim().to_string();
 
     let shots = tempfile::tempdir()?;
     let row = format!("tr[data-run=\"{run}\"]");

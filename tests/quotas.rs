@@ -298,27 +298,11 @@ async fn a_team_at_its_limit_of_runs_under_way_waits_for_one_to_end() -> anyhow:
         dir.join("graph.yaml"),
         "name: gated\nstart: gate\nnodes:\n  gate: {kind: approval, routes: [{to: done}]}\n  done: {kind: exit, status: gate.ok}\n",
     )?;
-    std::fs::write(dir.join("script.json"), "{}")?;
     let repo = fleet_tests::submit::git_repo(&dir, "repo", &[("a.txt", "a\n")])?;
     let submit = |n: u32| -> anyhow::Result<fleet_tests::stack::CliOutput> {
-        std::fs::write(
-            dir.join(format!("input-{n}.json")),
-            json!({"n": n}).to_string(),
-        )?;
-        stack.cli_env(
-            &[
-                "submit",
-                "--graph",
-                &dir.join("graph.yaml").display().to_string(),
-                "--repo",
-                &repo.display().to_string(),
-                "--input",
-                &dir.join(format!("input-{n}.json")).display().to_string(),
-                "--script",
-                &dir.join("script.json").display().to_string(),
-            ],
-            &as_c,
-        )
+        let input = dir.join(format!("input-{n}.json"));
+        std::fs::write(&input, json!({"n": n}).to_string())?;
+        fleet_tests::submit::submit_as(&stack, &dir.join("graph.yaml"), &repo, &input, &admin)
     };
     let first = submit(1)?;
     anyhow::ensure!(first.code == 0, "{}", first.stderr);
@@ -736,29 +720,13 @@ async fn a_team_at_its_concurrent_jobs_runs_that_many_at_once_over_all_its_runs(
     let dir = stack.dir.path().join("wide");
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("graph.yaml"), WIDE)?;
-    std::fs::write(dir.join("script.json"), "{}")?;
     let repo = fleet_tests::submit::git_repo(&dir, "repo", &[("a.txt", "a\n")])?;
     let submit = |n: u32, token: &str| -> anyhow::Result<String> {
         let input = dir.join(format!("input-{n}.json"));
         // Items of their own per run: no step is a cache hit of another.
         let items: Vec<u32> = (1..=3).map(|i| n * 10 + i).collect();
         std::fs::write(&input, json!({ "items": items }).to_string())?;
-        let out = stack.cli_env(
-            &[
-                "submit",
-                "--graph",
-                &dir.join("graph.yaml").display().to_string(),
-                "--repo",
-                &repo.display().to_string(),
-                "--input",
-                &input.display().to_string(),
-                "--script",
-                &dir.join("script.json").display().to_string(),
-            ],
-            &[("FLEET_TOKEN", token)],
-        )?;
-        anyhow::ensure!(out.code == 0, "submit: {}", out.stderr);
-        Ok(out.stdout.trim().to_string())
+        fleet_tests::submit::submit_run_as(&stack, &dir.join("graph.yaml"), &repo, &input, token)
     };
     // Two runs of team A (six jobs), a third cancelled while its jobs wait, then team B's.
     let a1 = submit(1, &admin_a)?;

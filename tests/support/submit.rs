@@ -87,3 +87,48 @@ pub fn submit_yaml(
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     Ok(out.stdout.trim().to_string())
 }
+
+/// `fleet submit` of the `graph`, `repo` and `input` given, with an empty script beside the
+/// graph, as the holder of `token`; the CLI's output, whatever its exit.
+pub fn submit_as(
+    stack: &Stack,
+    graph: &Path,
+    repo: &Path,
+    input: &Path,
+    token: &str,
+) -> anyhow::Result<crate::stack::CliOutput> {
+    let script = graph
+        .parent()
+        .expect("a graph file has a folder")
+        .join("script.json");
+    if !script.exists() {
+        std::fs::write(&script, "{}")?;
+    }
+    stack.cli_env(
+        &[
+            "submit",
+            "--graph",
+            &graph.display().to_string(),
+            "--repo",
+            &repo.display().to_string(),
+            "--input",
+            &input.display().to_string(),
+            "--script",
+            &script.display().to_string(),
+        ],
+        &[("FLEET_TOKEN", token)],
+    )
+}
+
+/// As `submit_as`, failing unless the run was created; the run's id.
+pub fn submit_run_as(
+    stack: &Stack,
+    graph: &Path,
+    repo: &Path,
+    input: &Path,
+    token: &str,
+) -> anyhow::Result<String> {
+    let out = submit_as(stack, graph, repo, input, token)?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    Ok(out.stdout.trim().to_string())
+}
