@@ -71,19 +71,7 @@ pub fn submit_yaml(
     std::fs::write(&graph, yaml)?;
     let input_file = dir.join("input.json");
     std::fs::write(&input_file, serde_json::to_vec(input)?)?;
-    let script = dir.join("script.json");
-    std::fs::write(&script, "{}")?;
-    let out = stack.cli(&[
-        "submit",
-        "--graph",
-        &graph.display().to_string(),
-        "--repo",
-        &repo.display().to_string(),
-        "--input",
-        &input_file.display().to_string(),
-        "--script",
-        &script.display().to_string(),
-    ])?;
+    let out = submit_files(stack, &graph, repo, &input_file, &[])?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     Ok(out.stdout.trim().to_string())
 }
@@ -96,6 +84,17 @@ pub fn submit_as(
     repo: &Path,
     input: &Path,
     token: &str,
+) -> anyhow::Result<crate::stack::CliOutput> {
+    submit_files(stack, graph, repo, input, &[("FLEET_TOKEN", token)])
+}
+
+/// `fleet submit` with `env`, writing an empty `script.json` beside the graph if it has none.
+fn submit_files(
+    stack: &Stack,
+    graph: &Path,
+    repo: &Path,
+    input: &Path,
+    env: &[(&str, &str)],
 ) -> anyhow::Result<crate::stack::CliOutput> {
     let script = graph
         .parent()
@@ -116,7 +115,7 @@ pub fn submit_as(
             "--script",
             &script.display().to_string(),
         ],
-        &[("FLEET_TOKEN", token)],
+        env,
     )
 }
 
