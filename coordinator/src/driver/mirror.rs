@@ -5,14 +5,25 @@
 //! with every job it still waits for issued again as a new attempt, so whatever was lost with
 //! the store (outbox, deadlines, in-flight results) is redone, never waited for.
 //!
+//! The mirror is a snapshot (`runs/<run>/state.json`) and a chain of deltas after it: each
+//! commit's events, stored under the id of the commit they apply to (`runs/<run>/deltas/<prev>`),
+//! so a commit costs one small write, not the whole run. Every state carries the id of the
+//! commit that wrote it (`RunState::commit`), so a chain only ever follows one history: after
+//! the store rolled back, the next commit overwrites the delta that followed its base and the
+//! old history's later deltas no longer link. A coordinator writes a delta only after a commit
+//! whose base it mirrored itself; otherwise, when the deltas since the last snapshot outgrow
+//! it, and when the run ends, it writes a snapshot.
+//!
 //! A run is listed under `active-runs/` from its first mirror until its final one, so runs
 //! that nobody asks about (their outbox was lost with the store) are found by a sweep: at
 //! start, whenever the store's epoch changes (it was wiped), and every `SWEEP_EVERY`.
 
 use super::{Coordinator, DriverError};
+use serde::{Deserialize, Serialize};
 use shared::engine::{self, Applied, Event, RunState};
 use shared::ids::RunId;
 use shared::time::rfc3339;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -26,44 +37,149 @@ fn mirror_key(run: &RunId) -> String {
     format!("runs/{run}/state.json")
 }
 
+fn deltas_prefix(run: &RunId) -> String {
+    format!("runs/{run}/deltas/")
+}
+
+fn delta_key(run: &RunId, prev: &str) -> String {
+    format!("runs/{run}/deltas/{prev}")
+}
+
 fn active_key(run: &RunId) -> String {
     format!("active-runs/{run}")
 }
 
+/// One commit's events: applied to the state of commit `prev`, they give the state of `id`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Delta {
+    prev: String,
+    id: String,
+    events: Vec<Event>,
+}
+
+/// What this coordinator last mirrored of a run: the commit it reached and how much the
+/// snapshot and the deltas after it weigh.
+#[derive(Debug, Clone, Default)]
+pub(super) struct MirrorMark {
+    commit: String,
+    snapshot_bytes: usize,
+    delta_bytes: usize,
+}
+
+/// The deltas that follow `from`, in order: each one's `prev` is the one before's `id`. A delta
+/// of another history (the store rolled back past it) does not link and ends the chain.
+fn chain(from: &str, deltas: Vec<Delta>) -> Vec<Delta> {
+    let mut by_prev: HashMap<String, Delta> =
+        deltas.into_iter().map(|d| (d.prev.clone(), d)).collect();
+    let mut out = Vec::new();
+    let mut at = from.to_string();
+    while let Some(next) = by_prev.remove(&at) {
+        at = next.id.clone();
+        out.push(next);
+    }
+    out
+}
+
+/// A fresh commit id, unique across coordinators and their restarts.
+pub(super) fn commit_id() -> String {
+    let mut bytes = [0u8; 12];
+    getrandom::fill(&mut bytes).expect("the system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl Coordinator {
-    /// Writes the mirror of `state` (at store version `version`).
-    pub(super) async fn mirror(&self, state: &RunState, version: u64) -> Result<(), DriverError> {
+    /// Mirrors a commit that applied `events` to the state of commit `prev`: a delta when this
+    /// coordinator mirrored `prev` itself and the deltas have not outgrown the snapshot, a
+    /// snapshot otherwise.
+    pub(super) async fn mirror_commit(
+        &self,
+        prev: &str,
+        state: &RunState,
+        events: &[&Event],
+    ) -> Result<(), DriverError> {
+        let mark = self.mark_of(&state.run_id);
+        let linked = mark
+            .as_ref()
+            .is_some_and(|m| m.commit == prev && m.delta_bytes < m.snapshot_bytes);
+        if !linked || state.status.is_terminal() {
+            return self.snapshot(state).await;
+        }
+        let delta = serde_json::json!({"prev": prev, "id": state.commit, "events": events});
+        let bytes = serde_json::to_vec(&delta).expect("serializable events");
+        let size = bytes.len();
         self.blobs
-            .put_json(&mirror_key(&state.run_id), state)
+            .put(&delta_key(&state.run_id, prev), bytes)
             .await?;
-        self.mirrored
-            .lock()
-            .expect("mirror versions")
-            .insert(state.run_id.clone(), version);
+        let mut mark = mark.unwrap_or_default();
+        mark.commit = state.commit.clone();
+        mark.delta_bytes += size;
+        self.set_mark(&state.run_id, mark);
+        Ok(())
+    }
+
+    /// Writes the whole state as the run's snapshot; a finished run's deltas are removed.
+    pub(super) async fn snapshot(&self, state: &RunState) -> Result<(), DriverError> {
+        let bytes = serde_json::to_vec(state).expect("serializable state");
+        let size = bytes.len();
+        self.blobs.put(&mirror_key(&state.run_id), bytes).await?;
+        self.set_mark(
+            &state.run_id,
+            MirrorMark {
+                commit: state.commit.clone(),
+                snapshot_bytes: size,
+                delta_bytes: 0,
+            },
+        );
         if state.status.is_terminal() && state.pending_jobs().next().is_none() {
             if let Err(e) = self.blobs.delete(&active_key(&state.run_id)).await {
                 warn!(run = %state.run_id, error = %e, "could not unlist a finished run; the sweep will look at it again");
             }
+            self.drop_deltas(&state.run_id).await;
         }
         Ok(())
     }
 
-    /// Writes the mirror unless this coordinator knows it already holds `version`.
-    pub(super) async fn mirror_if_behind(
-        &self,
-        state: &RunState,
-        version: u64,
-    ) -> Result<(), DriverError> {
-        let known = self
-            .mirrored
+    /// Removes a finished run's deltas (its snapshot holds them all); one left behind is
+    /// harmless, as no chain reaches it.
+    async fn drop_deltas(&self, run: &RunId) {
+        let keys = match self.blobs.list(&deltas_prefix(run)).await {
+            Ok(keys) => keys,
+            Err(e) => {
+                warn!(run = %run, error = %e, "could not list a finished run's deltas");
+                return;
+            }
+        };
+        for key in keys {
+            if let Err(e) = self.blobs.delete(&key).await {
+                warn!(run = %run, error = %e, "could not remove a finished run's delta");
+            }
+        }
+    }
+
+    fn mark_of(&self, run: &RunId) -> Option<MirrorMark> {
+        self.mirrored
             .lock()
-            .expect("mirror versions")
-            .get(&state.run_id)
-            .copied();
-        if known == Some(version) {
+            .expect("mirror marks")
+            .get(run)
+            .cloned()
+    }
+
+    fn set_mark(&self, run: &RunId, mark: MirrorMark) {
+        self.mirrored
+            .lock()
+            .expect("mirror marks")
+            .insert(run.clone(), mark);
+    }
+
+    /// Writes a snapshot unless this coordinator knows the mirror already holds `state`.
+    pub(super) async fn mirror_if_behind(&self, state: &RunState) -> Result<(), DriverError> {
+        if self
+            .mark_of(&state.run_id)
+            .is_some_and(|m| m.commit == state.commit)
+        {
             return Ok(());
         }
-        self.mirror(state, version).await
+        self.snapshot(state).await
     }
 
     pub(super) async fn mark_active(&self, state: &RunState) -> Result<(), DriverError> {
@@ -91,15 +207,16 @@ impl Coordinator {
     /// issued again (the restored state and those jobs are created in one atomic write, so
     /// of racing coordinators exactly one restores).
     async fn restore(&self, run: &RunId) -> Result<(), DriverError> {
-        let mirror: RunState = match self.blobs.get_json(&mirror_key(run)).await {
+        let snapshot: RunState = match self.blobs.get_json(&mirror_key(run)).await {
             Ok(s) => s,
             Err(e) if BlobError::is_not_found(&e) => {
                 return Err(DriverError::UnknownRun(run.clone()))
             }
             Err(e) => return Err(e.into()),
         };
-        let bundle = self.bundle(&mirror.graph_ref).await?;
-        let t = engine::apply(
+        let bundle = self.bundle(&snapshot.graph_ref).await?;
+        let mirror = self.replay_deltas(&bundle, snapshot).await?;
+        let mut t = engine::apply(
             &bundle,
             &mirror,
             &Event::Restored {
@@ -107,18 +224,58 @@ impl Coordinator {
             },
             &shared::builtins::assembler,
         )?;
+        t.state.commit = commit_id();
         let outbox = self.outbox_for(&t.effects).await?;
         if self.store.create(&t.state, &outbox).await? {
             let reissued = outbox.len();
             warn!(run = %run, reissued, "the run store had lost this run; restored it from object storage");
             self.metrics.restored.inc();
-            self.mirror(&t.state, 1).await?;
+            self.snapshot(&t.state).await?;
             self.watch(run, &t.effects).await;
             if t.applied == Applied::Changed {
                 self.outbox_ready.notify_one();
             }
         }
         Ok(())
+    }
+
+    /// The snapshot with the chain of deltas after it applied; a delta the engine refuses
+    /// ends the chain (logged), as one of another history would.
+    async fn replay_deltas(
+        &self,
+        bundle: &shared::graph::GraphBundle,
+        mut state: RunState,
+    ) -> Result<RunState, DriverError> {
+        let keys = self.blobs.list(&deltas_prefix(&state.run_id)).await?;
+        let mut deltas = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.blobs.get_json::<Delta>(&key).await {
+                Ok(d) => deltas.push(d),
+                Err(e) if BlobError::is_not_found(&e) => {}
+                Err(BlobError::Decode { key, source }) => {
+                    warn!(run = %state.run_id, %key, error = %source, "skipping a delta that does not read")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let run = state.run_id.clone();
+        let mut replayed = 0;
+        for delta in chain(&state.commit, deltas) {
+            let mut next = state.clone();
+            for event in &delta.events {
+                if let Err(e) =
+                    engine::apply_in_place(bundle, &mut next, event, &shared::builtins::assembler)
+                {
+                    warn!(run = %run, commit = %delta.id, error = %e, "the engine refused a mirrored delta; restoring the state before it");
+                    return Ok(state);
+                }
+            }
+            next.commit = delta.id;
+            state = next;
+            replayed += 1;
+        }
+        info!(run = %run, replayed, "replayed the mirror's deltas after its snapshot");
+        Ok(state)
     }
 
     /// Finds active runs the store does not hold and restores them.
@@ -178,5 +335,54 @@ impl Coordinator {
                 _ = tokio::time::sleep(EPOCH_CHECK_EVERY) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(prev: &str, id: &str) -> Delta {
+        Delta {
+            prev: prev.into(),
+            id: id.into(),
+            events: Vec::new(),
+        }
+    }
+
+    fn ids(chain: &[Delta]) -> Vec<&str> {
+        chain.iter().map(|d| d.id.as_str()).collect()
+    }
+
+    #[test]
+    fn a_chain_follows_the_links_from_the_snapshot_whatever_the_listing_order() {
+        let deltas = vec![delta("b", "c"), delta("s", "a"), delta("a", "b")];
+        assert_eq!(ids(&chain("s", deltas)), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_missing_delta_ends_the_chain_before_the_deltas_after_it() {
+        // The delta from `a` was never written (its coordinator died before its mirror).
+        let deltas = vec![delta("s", "a"), delta("b", "c")];
+        assert_eq!(ids(&chain("s", deltas)), ["a"]);
+    }
+
+    #[test]
+    fn after_a_rollback_the_old_historys_deltas_do_not_link() {
+        // Old history s-a-b-c; the store rolled back to `a` and committed `b2` over the delta
+        // from `a`: the old `b`'s successor no longer links.
+        let deltas = vec![delta("s", "a"), delta("a", "b2"), delta("b", "c")];
+        assert_eq!(ids(&chain("s", deltas)), ["a", "b2"]);
+    }
+
+    #[test]
+    fn deltas_of_an_older_snapshot_are_not_replayed() {
+        let deltas = vec![delta("s0", "s"), delta("x", "y")];
+        assert!(chain("s", deltas).is_empty());
+    }
+
+    #[test]
+    fn commit_ids_differ() {
+        assert_ne!(commit_id(), commit_id());
     }
 }

@@ -95,8 +95,8 @@ pub struct Coordinator {
     /// Rung with a run's id after every commit of it here (the dashboard's live views).
     pub run_changed: tokio::sync::broadcast::Sender<RunId>,
     http: reqwest::Client,
-    /// The version of each run this coordinator last mirrored.
-    mirrored: Mutex<HashMap<RunId, u64>>,
+    /// What this coordinator last mirrored of each run.
+    mirrored: Mutex<HashMap<RunId, mirror::MirrorMark>>,
     /// Where the times of events (and so of run states) come from; also the deadlines'.
     pub clock: Arc<dyn Clock>,
     /// Content-addressed keys this coordinator knows to be stored (graph bundles, packs): a
@@ -277,7 +277,7 @@ impl Coordinator {
         state: RunState,
         bundle: &GraphBundle,
     ) -> Result<bool, DriverError> {
-        let t = engine::apply(
+        let mut t = engine::apply(
             bundle,
             &state,
             &Event::Start {
@@ -289,10 +289,11 @@ impl Coordinator {
         if finishes(&t.effects) {
             self.write_results(&t.state).await?;
         }
+        t.state.commit = mirror::commit_id();
         let created = self.store.create(&t.state, &outbox).await?;
         if created {
             // The submitter hears of the run only once its mirror is written.
-            self.mirror(&t.state, 1).await?;
+            self.snapshot(&t.state).await?;
             self.mark_active(&t.state).await?;
             self.after_commit(&t.state, &t.effects);
             self.watch(&t.state.run_id, &t.effects).await;
@@ -330,6 +331,7 @@ impl Coordinator {
             let mut phase = crate::metrics::CommitPhases::start(&self.metrics);
             let (state, version) = self.load_versioned(run).await?;
             let bundle = self.bundle(&state.graph_ref).await?;
+            let base = state.commit.clone();
             phase.end("load");
             let mut current = state;
             let mut effects = Vec::new();
@@ -370,12 +372,13 @@ impl Coordinator {
             if !applied.contains(&Applied::Changed) {
                 // Nothing changed (duplicates): the mirror must still hold this version before
                 // the messages are acked (a commit whose mirror write failed is redelivered).
-                self.mirror_if_behind(&current, version).await?;
+                self.mirror_if_behind(&current).await?;
                 // A result seen again (its first commit's coordinator died before the ack)
                 // frees its slot if that coordinator could not.
                 self.release_slots(&current, events).await;
                 break applied;
             }
+            current.commit = mirror::commit_id();
             let outbox = self.outbox_for(&effects).await?;
             if finishes(&effects) {
                 self.write_results(&current).await?;
@@ -388,7 +391,11 @@ impl Coordinator {
                 CasOutcome::Committed => {
                     worker::faults::point("coordinator.after_commit").await;
                     // Before any message this commit consumed is acked.
-                    self.mirror(&current, version + 1).await?;
+                    let replayable: Vec<&Event> = (events.iter().enumerate())
+                        .filter(|(i, _)| !skip.contains(i))
+                        .map(|(_, e)| e)
+                        .collect();
+                    self.mirror_commit(&base, &current, &replayable).await?;
                     phase.end("mirror");
                     self.after_commit(&current, &effects);
                     self.watch(run, &effects).await;
@@ -436,7 +443,7 @@ impl Coordinator {
 
     fn forget_run(&self, run: &RunId) {
         self.run_locks.lock().expect("run locks").remove(run);
-        self.mirrored.lock().expect("mirror times").remove(run);
+        self.mirrored.lock().expect("mirror marks").remove(run);
     }
 
     async fn write_results(&self, state: &RunState) -> Result<(), DriverError> {

@@ -200,6 +200,10 @@ pub struct RunState {
     /// see it, and its child runs are the team's too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
+    /// The id of the commit that wrote this state: the link by which the mirror's deltas
+    /// chain (set by the coordinator; the engine never reads it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit: String,
 }
 
 /// What a new run starts from (everything but its graph and the time).
@@ -256,6 +260,7 @@ impl RunState {
             webhook: None,
             held: Vec::new(),
             team: None,
+            commit: String::new(),
         }
     }
 

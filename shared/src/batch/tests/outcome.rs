@@ -73,6 +73,7 @@ pub(super) fn run(status: RunStatus, result: Option<Value>, history: Vec<Outcome
         webhook: None,
         held: Vec::new(),
         team: None,
+        commit: String::new(),
     }
 }
 
