@@ -5,7 +5,7 @@
 //! appears, so nothing here waits on a guess.
 
 use fleet_tests::private_redis::PrivateRedis;
-use fleet_tests::stack::{containers, make_calc_repo, Stack, StackConfig};
+use fleet_tests::stack::{containers, make_calc_repo, s3_blobs, Stack, StackConfig};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -318,11 +318,49 @@ async fn redis_lost_with_a_join_half_full_the_join_fires_once() -> anyhow::Resul
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The mirror holds the arrival only in its deltas (the snapshot is the run's first
+    // state): the restore must replay them, or `fast` would run twice.
+    let mirror = s3_blobs(&stack.ns);
+    let snapshot: Value = mirror.get_json(&format!("runs/{run}/state.json")).await?;
+    assert!(
+        snapshot["joins"]["both"]["arrived"]
+            .as_array()
+            .is_none_or(|a| a.is_empty()),
+        "the snapshot is not rewritten per commit: {snapshot}"
+    );
+    let deltas = mirror.list(&format!("runs/{run}/deltas/")).await?;
+    assert!(!deltas.is_empty(), "each commit wrote a delta");
     redis.lose_everything().await?;
 
     let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
     succeeded_with_every_node_once(&status, &["split", "fast", "slow", "both"]);
     assert_eq!(status["joins"]["both"]["fired"], 1, "{status}");
+    // What finished before the loss was replayed from the deltas, not issued again.
+    for done in ["split", "fast"] {
+        let attempts: Vec<&Value> = (status["jobs"].as_array().into_iter().flatten())
+            .filter(|j| j["node"] == done)
+            .map(|j| &j["attempt"])
+            .collect();
+        assert_eq!(
+            attempts,
+            [&json!(1)],
+            "{done} ran once, before the loss: {status}"
+        );
+    }
+    // The final snapshot (and the removal of the deltas) follows the commit the run is seen
+    // to end by.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = mirror.list(&format!("runs/{run}/deltas/")).await?;
+        if left.is_empty() {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "a finished run's deltas are removed: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Ok(())
 }
 
