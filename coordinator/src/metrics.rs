@@ -24,6 +24,10 @@ pub struct CoordinatorMetrics {
     /// Seconds each phase of a group commit took (`load`, `engine`, `outbox`, `store`,
     /// `mirror`, `after`): where a result's cost goes in the coordinator.
     pub commit_phase: HistogramVec,
+    /// Writes to a run's mirror in object storage, by kind (`snapshot`, `delta`).
+    pub mirror_writes: IntCounterVec,
+    /// Bytes written to runs' mirrors, by kind.
+    pub mirror_bytes: IntCounterVec,
 }
 
 impl CoordinatorMetrics {
@@ -130,7 +134,28 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(commit_phase.clone()))
             .expect("unique");
+        let mirror_writes = IntCounterVec::new(
+            Opts::new(
+                "fleet_mirror_writes_total",
+                "writes to runs' mirrors in object storage, by kind",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let mirror_bytes = IntCounterVec::new(
+            Opts::new(
+                "fleet_mirror_bytes_total",
+                "bytes written to runs' mirrors in object storage, by kind",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        for m in [&mirror_writes, &mirror_bytes] {
+            registry.register(Box::new(m.clone())).expect("unique");
+        }
         Self {
+            mirror_writes,
+            mirror_bytes,
             commit_phase,
             jobs_held,
             uploads,

@@ -314,6 +314,16 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
         "fleet_commit_phase_seconds_count",
         &[("phase", "store")],
     );
+    let mut mirror = serde_json::Map::new();
+    for kind in ["snapshot", "delta"] {
+        let count =
+            |metric: &str| fleet_tests::stack::sum_samples(&text, metric, &[("kind", kind)]);
+        mirror.insert(
+            kind.into(),
+            json!({"writes": count("fleet_mirror_writes_total"),
+                "mb": count("fleet_mirror_bytes_total") / 1e6}),
+        );
+    }
     let fleet = o.n as f64 / run_secs;
     let per_job_ms: serde_json::Map<String, serde_json::Value> = cpu
         .iter()
@@ -327,6 +337,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             "fleet_share_of_broker_limit": fleet / broker,
             "cpu_ms_per_job": per_job_ms,
             "coordinator_commit_ms_per_job": phases, "commits": commits,
+            "mirror_writes": mirror,
             "workers": o.workers, "concurrency": o.concurrency})
     );
     Ok(())

@@ -110,6 +110,7 @@ impl Coordinator {
         self.blobs
             .put(&delta_key(&state.run_id, prev), bytes)
             .await?;
+        self.count_write("delta", size);
         let mut mark = mark.unwrap_or_default();
         mark.commit = state.commit.clone();
         mark.delta_bytes += size;
@@ -122,6 +123,7 @@ impl Coordinator {
         let bytes = serde_json::to_vec(state).expect("serializable state");
         let size = bytes.len();
         self.blobs.put(&mirror_key(&state.run_id), bytes).await?;
+        self.count_write("snapshot", size);
         self.set_mark(
             &state.run_id,
             MirrorMark {
@@ -154,6 +156,11 @@ impl Coordinator {
                 warn!(run = %run, error = %e, "could not remove a finished run's delta");
             }
         }
+    }
+
+    fn count_write(&self, kind: &str, bytes: usize) {
+        self.metrics.mirror_writes.with_label_values(&[kind]).inc();
+        (self.metrics.mirror_bytes.with_label_values(&[kind])).inc_by(bytes as u64);
     }
 
     fn mark_of(&self, run: &RunId) -> Option<MirrorMark> {
@@ -193,6 +200,9 @@ impl Coordinator {
 
     /// Loads a run from the run store; a run the store lost is restored from its mirror.
     pub(super) async fn load_versioned(&self, run: &RunId) -> Result<(RunState, u64), DriverError> {
+        if let Some(held) = self.held_copy(run).await? {
+            return Ok(held);
+        }
         if let Some(found) = self.store.load(run).await? {
             return Ok(found);
         }
