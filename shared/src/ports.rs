@@ -171,6 +171,9 @@ pub trait RunStore: BatchStore + ScheduleStore + TokenStore + JobSlotStore + Sen
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
     async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError>;
+    /// The stored run's version and commit id (`RunState::commit`), without reading its
+    /// state: enough to tell whether a copy held in memory is still the stored one.
+    async fn head(&self, run: &RunId) -> Result<Option<(u64, String)>, PortError>;
     /// Writes `state` if the stored version is still `version`, and appends `outbox` atomically.
     async fn commit(
         &self,

@@ -15,6 +15,7 @@ mod mirror;
 mod notices;
 mod relay;
 mod retention;
+mod state_cache;
 mod team_notices;
 #[cfg(test)]
 mod tests;
@@ -97,6 +98,7 @@ pub struct Coordinator {
     http: reqwest::Client,
     /// What this coordinator last mirrored of each run.
     mirrored: Mutex<HashMap<RunId, mirror::MirrorMark>>,
+    states: state_cache::StateCache,
     /// Where the times of events (and so of run states) come from; also the deadlines'.
     pub clock: Arc<dyn Clock>,
     /// Content-addressed keys this coordinator knows to be stored (graph bundles, packs): a
@@ -175,6 +177,7 @@ impl Coordinator {
             queue_grace: Duration::from_secs(env_u64("FLEET_QUEUE_GRACE_SECONDS", 6 * 3600)),
             batch_slots: env_u64("FLEET_BATCH_SLOTS", DEFAULT_BATCH_SLOTS as u64) as usize,
             mirrored: Mutex::new(HashMap::new()),
+            states: Default::default(),
             clock: Arc::new(SystemClock),
             batch_wake: Notify::new(),
             stored: Mutex::new(std::collections::HashSet::new()),
@@ -329,7 +332,7 @@ impl Coordinator {
         let mut skip = std::collections::HashSet::new();
         let outcome = loop {
             let mut phase = crate::metrics::CommitPhases::start(&self.metrics);
-            let (state, version) = self.load_versioned(run).await?;
+            let (state, version) = self.load_for_commit(run).await?;
             let bundle = self.bundle(&state.graph_ref).await?;
             let base = state.commit.clone();
             phase.end("load");
@@ -376,6 +379,7 @@ impl Coordinator {
                 // A result seen again (its first commit's coordinator died before the ack)
                 // frees its slot if that coordinator could not.
                 self.release_slots(&current, events).await;
+                self.states.put(current, version);
                 break applied;
             }
             current.commit = mirror::commit_id();
@@ -410,6 +414,8 @@ impl Coordinator {
                     }
                     if current.status.is_terminal() && current.pending_jobs().next().is_none() {
                         self.forget_run(run);
+                    } else {
+                        self.states.put(current, version + 1);
                     }
                     phase.end("after");
                     return Ok(applied);
@@ -444,6 +450,7 @@ impl Coordinator {
     fn forget_run(&self, run: &RunId) {
         self.run_locks.lock().expect("run locks").remove(run);
         self.mirrored.lock().expect("mirror marks").remove(run);
+        self.states.forget(run);
     }
 
     async fn write_results(&self, state: &RunState) -> Result<(), DriverError> {
@@ -515,15 +522,6 @@ impl Coordinator {
                 }
             }
         }
-    }
-
-    /// The run and its state's version.
-    pub async fn load_with_version(&self, run: &RunId) -> Result<(RunState, u64), DriverError> {
-        self.load_versioned(run).await
-    }
-
-    pub async fn load(&self, run: &RunId) -> Result<RunState, DriverError> {
-        Ok(self.load_versioned(run).await?.0)
     }
 
     pub async fn decide(

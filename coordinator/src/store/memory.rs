@@ -355,6 +355,14 @@ impl RunStore for MemoryRunStore {
         Ok(self.lock().runs.get(run).map(|(s, v, _)| (s.clone(), *v)))
     }
 
+    async fn head(&self, run: &RunId) -> Result<Option<(u64, String)>, PortError> {
+        Ok(self
+            .lock()
+            .runs
+            .get(run)
+            .map(|(s, v, _)| (*v, s.commit.clone())))
+    }
+
     async fn commit(
         &self,
         state: &RunState,

@@ -1,4 +1,4 @@
-//! Redis run store. Each run is a hash {state, version}; a transition is a Lua script that
+//! Redis run store. Each run is a hash {state, version, commit}; a transition is a Lua script that
 //! checks the version, writes the new state and appends the outbox messages in one atomic step.
 //! The outbox is a list; a relay claims messages into its own in-flight list (LMOVE), publishes
 //! them with confirms, then forgets them. In-flight lists of relays that stopped heartbeating are
@@ -13,17 +13,17 @@ use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
 
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'version', 1, 'commit', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-for i = 4, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
+for i = 5, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
 return 1
 "#;
 
 const COMMIT: &str = r#"
 local v = redis.call('HGET', KEYS[1], 'version')
 if v ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'version', tonumber(v) + 1)
-for i = 3, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'version', tonumber(v) + 1, 'commit', ARGV[3])
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1
 "#;
 
@@ -224,7 +224,8 @@ impl RunStore for RedisRunStore {
             .key(self.outbox_key())
             .arg(encode(state)?)
             .arg(chrono::Utc::now().timestamp_millis())
-            .arg(state.run_id.as_str());
+            .arg(state.run_id.as_str())
+            .arg(&state.commit);
         for m in outbox {
             inv.arg(encode(m)?);
         }
@@ -246,11 +247,24 @@ impl RunStore for RedisRunStore {
         inv.key(self.run_key(&state.run_id))
             .key(self.outbox_key())
             .arg(version.to_string())
-            .arg(encode(state)?);
+            .arg(encode(state)?)
+            .arg(&state.commit);
         for m in outbox {
             inv.arg(encode(m)?);
         }
         Ok(cas(self.invoke("commit", &inv).await?))
+    }
+
+    async fn head(&self, run: &RunId) -> Result<Option<(u64, String)>, PortError> {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(self.run_key(run)).arg("version").arg("commit");
+        let (version, commit): (Option<u64>, Option<String>) =
+            timed("head", &self.conn, |mut c| {
+                let cmd = &cmd;
+                async move { cmd.query_async(&mut c).await }
+            })
+            .await?;
+        Ok(version.map(|v| (v, commit.unwrap_or_default())))
     }
 
     async fn list(&self) -> Result<Vec<RunId>, PortError> {

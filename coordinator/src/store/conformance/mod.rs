@@ -122,6 +122,31 @@ pub async fn load_returns_state_and_version(s: &dyn RunStore, _: &Profile) {
     );
 }
 
+pub async fn the_head_names_the_stored_version_and_commit(s: &dyn RunStore, _: &Profile) {
+    let run = RunId::new("r1");
+    assert_eq!(s.head(&run).await.unwrap(), None, "no run, no head");
+    let mut st = state("r1");
+    st.commit = "c1".into();
+    s.create(&st, &[]).await.unwrap();
+    assert_eq!(s.head(&run).await.unwrap(), Some((1, "c1".into())));
+    st.commit = "c2".into();
+    assert_eq!(s.commit(&st, 1, &[]).await.unwrap(), CasOutcome::Committed);
+    assert_eq!(s.head(&run).await.unwrap(), Some((2, "c2".into())));
+    st.commit = "c3".into();
+    assert_eq!(s.commit(&st, 1, &[]).await.unwrap(), CasOutcome::Conflict);
+    assert_eq!(
+        s.head(&run).await.unwrap(),
+        Some((2, "c2".into())),
+        "a refused commit leaves the head"
+    );
+    s.remove(&run).await.unwrap();
+    assert_eq!(
+        s.head(&run).await.unwrap(),
+        None,
+        "a removed run has no head"
+    );
+}
+
 pub async fn commit_is_compare_and_set(s: &dyn RunStore, _: &Profile) {
     let run = RunId::new("r1");
     let mut st = state("r1");
@@ -392,6 +417,7 @@ macro_rules! run_store_conformance {
             create_is_idempotent,
             load_returns_state_and_version,
             commit_is_compare_and_set,
+            the_head_names_the_stored_version_and_commit,
             the_outbox_keeps_commit_order,
             claimed_messages_are_held_until_done,
             reclaim_own_returns_in_flight_messages_to_the_outbox,

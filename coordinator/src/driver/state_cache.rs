@@ -1,0 +1,132 @@
+//! The state of each run as this coordinator last committed it, so a commit (and a read)
+//! whose run the store still holds at that version and commit id loads nothing but the
+//! store's head. The head names the commit by its random id as well as its version, so a copy
+//! of a history the store lost (and restored past, reaching the same version) never passes.
+
+use super::{Coordinator, DriverError};
+use shared::engine::RunState;
+use shared::ids::RunId;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// At most this many runs' states are held; past it, an arbitrary one is let go (it is
+/// loaded from the store on its next commit).
+const HELD_RUNS: usize = 256;
+
+#[derive(Default)]
+pub(super) struct StateCache {
+    runs: Mutex<HashMap<RunId, (RunState, u64)>>,
+}
+
+impl StateCache {
+    /// Takes a run's state out (a commit changes it in place).
+    pub(super) fn take(&self, run: &RunId) -> Option<(RunState, u64)> {
+        self.runs.lock().expect("state cache").remove(run)
+    }
+
+    /// A copy of a run's state (a read).
+    pub(super) fn copy(&self, run: &RunId) -> Option<(RunState, u64)> {
+        self.runs.lock().expect("state cache").get(run).cloned()
+    }
+
+    pub(super) fn put(&self, state: RunState, version: u64) {
+        let mut runs = self.runs.lock().expect("state cache");
+        if runs.len() >= HELD_RUNS && !runs.contains_key(&state.run_id) {
+            if let Some(other) = runs.keys().next().cloned() {
+                runs.remove(&other);
+            }
+        }
+        runs.insert(state.run_id.clone(), (state, version));
+    }
+
+    pub(super) fn forget(&self, run: &RunId) {
+        self.runs.lock().expect("state cache").remove(run);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.runs.lock().expect("state cache").len()
+    }
+}
+
+/// Is `held` the state the store's head names?
+fn current(held: &(RunState, u64), head: Option<&(u64, String)>) -> bool {
+    let (state, version) = held;
+    !state.commit.is_empty() && head.is_some_and(|(v, c)| v == version && *c == state.commit)
+}
+
+impl Coordinator {
+    /// The run and its state's version.
+    pub async fn load_with_version(&self, run: &RunId) -> Result<(RunState, u64), DriverError> {
+        self.load_versioned(run).await
+    }
+
+    /// The run's state (the held copy while the store's head names it).
+    pub async fn load(&self, run: &RunId) -> Result<RunState, DriverError> {
+        Ok(self.load_versioned(run).await?.0)
+    }
+
+    /// The run's state to commit on: the held one when the store's head still names it.
+    pub(super) async fn load_for_commit(
+        &self,
+        run: &RunId,
+    ) -> Result<(RunState, u64), DriverError> {
+        if let Some(held) = self.states.take(run) {
+            if current(&held, self.store.head(run).await?.as_ref()) {
+                return Ok(held);
+            }
+        }
+        self.load_versioned(run).await
+    }
+
+    /// A copy of the run's held state when the store's head still names it.
+    pub(super) async fn held_copy(
+        &self,
+        run: &RunId,
+    ) -> Result<Option<(RunState, u64)>, DriverError> {
+        let Some(held) = self.states.copy(run) else {
+            return Ok(None);
+        };
+        Ok(current(&held, self.store.head(run).await?.as_ref()).then_some(held))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::state;
+
+    fn at(commit: &str) -> RunState {
+        let mut s = state("r1");
+        s.commit = commit.into();
+        s
+    }
+
+    #[test]
+    fn a_held_state_passes_only_at_the_heads_version_and_commit() {
+        let held = (at("c7"), 7);
+        assert!(current(&held, Some(&(7, "c7".into()))));
+        assert!(!current(&held, Some(&(8, "c8".into()))), "committed since");
+        assert!(
+            !current(&held, Some(&(7, "x7".into()))),
+            "another history at the same version (restored after a loss)"
+        );
+        assert!(!current(&held, None), "the store lost the run");
+        assert!(
+            !current(&(at(""), 7), Some(&(7, String::new()))),
+            "a state without a commit id is never trusted"
+        );
+    }
+
+    #[test]
+    fn the_cache_holds_a_bounded_number_of_runs() {
+        let cache = StateCache::default();
+        for i in 0..HELD_RUNS + 10 {
+            cache.put(state(&format!("r{i}")), 1);
+        }
+        assert_eq!(cache.len(), HELD_RUNS);
+        cache.put(at("c2"), 2);
+        assert_eq!(cache.take(&RunId::new("r1")).map(|(_, v)| v), Some(2));
+        assert!(cache.take(&RunId::new("r1")).is_none(), "taken out");
+    }
+}
