@@ -221,11 +221,16 @@ pub struct StatusView {
 
 impl StatusView {
     pub fn of(s: &RunState) -> Self {
+        // Each job's first outcome, found in one pass (not one scan of the history per job).
+        let mut outcomes = std::collections::HashMap::with_capacity(s.history.len());
+        for o in &s.history {
+            outcomes.entry(&o.job_id).or_insert(o);
+        }
         let jobs = s
             .jobs
             .iter()
             .map(|(id, j)| {
-                let outcome = s.history.iter().find(|o| &o.job_id == id);
+                let outcome = outcomes.get(id).copied();
                 JobView {
                     job_id: id.clone(),
                     node: j.node.clone(),
