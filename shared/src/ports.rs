@@ -164,17 +164,48 @@ pub trait JobSlotStore: Send + Sync {
     async fn teams_waiting(&self) -> Result<Vec<String>, PortError>;
 }
 
+/// A run as the store holds it: a snapshot and the deltas appended after it, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredRun {
+    pub snapshot: RunState,
+    /// The version the deltas reach: the snapshot's plus their number.
+    pub version: u64,
+    pub deltas: Vec<String>,
+    /// The snapshot's encoded size (a writer snapshots again once the deltas outgrow it).
+    pub snapshot_bytes: usize,
+}
+
+impl StoredRun {
+    /// The deltas' encoded size.
+    pub fn delta_bytes(&self) -> usize {
+        self.deltas.iter().map(String::len).sum()
+    }
+}
+
 /// Run state with versioned, atomic transitions and an outbox; batches, schedules, API tokens
 /// and the teams' job slots beside them.
 #[async_trait]
 pub trait RunStore: BatchStore + ScheduleStore + TokenStore + JobSlotStore + Send + Sync {
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
-    async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError>;
+    /// The run as stored: its last snapshot and the deltas appended after it.
+    async fn load(&self, run: &RunId) -> Result<Option<StoredRun>, PortError>;
+    /// Appends one commit's `delta` (opaque to the store) if the stored version is still
+    /// `version`, with `outbox`, atomically: the version moves on by one and the head names
+    /// `commit`. What changed is written, not the whole run.
+    async fn append(
+        &self,
+        run: &RunId,
+        version: u64,
+        commit: &str,
+        delta: &str,
+        outbox: &[OutboxMessage],
+    ) -> Result<CasOutcome, PortError>;
     /// The stored run's version and commit id (`RunState::commit`), without reading its
     /// state: enough to tell whether a copy held in memory is still the stored one.
     async fn head(&self, run: &RunId) -> Result<Option<(u64, String)>, PortError>;
-    /// Writes `state` if the stored version is still `version`, and appends `outbox` atomically.
+    /// Writes `state` as the run's snapshot (its deltas dropped) if the stored version is
+    /// still `version`, and appends `outbox` atomically.
     async fn commit(
         &self,
         state: &RunState,

@@ -261,6 +261,10 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     for pid in pids_of("redis-server") {
         processes.push(("redis".into(), pid));
     }
+    // The S3 server `scripts/provision.sh` starts (moto, one Python process).
+    for pid in pids_of("moto_server") {
+        processes.push(("s3".into(), pid));
+    }
     let before: Vec<f64> = processes
         .iter()
         .map(|(_, p)| cpu_seconds(*p).unwrap_or(0.0))

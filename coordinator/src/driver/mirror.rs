@@ -52,9 +52,9 @@ fn active_key(run: &RunId) -> String {
 /// One commit's events: applied to the state of commit `prev`, they give the state of `id`.
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct Delta {
-    prev: String,
-    id: String,
-    events: Vec<Event>,
+    pub prev: String,
+    pub id: String,
+    pub events: Vec<Event>,
 }
 
 /// What this coordinator last mirrored of a run: the commit it reached and how much the
@@ -95,7 +95,7 @@ impl Coordinator {
         &self,
         prev: &str,
         state: &RunState,
-        events: &[&Event],
+        delta: &str,
     ) -> Result<(), DriverError> {
         let mark = self.mark_of(&state.run_id);
         let linked = mark
@@ -104,8 +104,7 @@ impl Coordinator {
         if !linked || state.status.is_terminal() {
             return self.snapshot(state).await;
         }
-        let delta = serde_json::json!({"prev": prev, "id": state.commit, "events": events});
-        let bytes = serde_json::to_vec(&delta).expect("serializable events");
+        let bytes = delta.as_bytes().to_vec();
         let size = bytes.len();
         self.blobs
             .put(&delta_key(&state.run_id, prev), bytes)
@@ -203,13 +202,13 @@ impl Coordinator {
         if let Some(held) = self.held_copy(run).await? {
             return Ok(held);
         }
-        if let Some(found) = self.store.load(run).await? {
-            return Ok(found);
+        if let Some((state, version, _)) = self.stored(run).await? {
+            return Ok((state, version));
         }
         self.restore(run).await?;
-        self.store
-            .load(run)
+        self.stored(run)
             .await?
+            .map(|(state, version, _)| (state, version))
             .ok_or_else(|| DriverError::UnknownRun(run.clone()))
     }
 

@@ -16,6 +16,7 @@ mod notices;
 mod relay;
 mod retention;
 mod state_cache;
+mod store_log;
 mod team_notices;
 #[cfg(test)]
 mod tests;
@@ -332,7 +333,7 @@ impl Coordinator {
         let mut skip = std::collections::HashSet::new();
         let outcome = loop {
             let mut phase = crate::metrics::CommitPhases::start(&self.metrics);
-            let (state, version) = self.load_for_commit(run).await?;
+            let (state, version, weight) = self.load_for_commit(run).await?;
             let bundle = self.bundle(&state.graph_ref).await?;
             let base = state.commit.clone();
             phase.end("load");
@@ -379,7 +380,7 @@ impl Coordinator {
                 // A result seen again (its first commit's coordinator died before the ack)
                 // frees its slot if that coordinator could not.
                 self.release_slots(&current, events).await;
-                self.states.put(current, version);
+                self.states.put(current, version, weight);
                 break applied;
             }
             current.commit = mirror::commit_id();
@@ -388,18 +389,20 @@ impl Coordinator {
                 self.write_results(&current).await?;
                 wrote_results = true;
             }
+            let replayable: Vec<&Event> = (events.iter().enumerate())
+                .filter(|(i, _)| !skip.contains(i))
+                .map(|(_, e)| e)
+                .collect();
+            let delta = store_log::encode_delta(&base, &current, &replayable);
             phase.end("outbox");
-            let committed = self.store.commit(&current, version, &outbox).await?;
+            let (committed, weight) =
+                (self.write_commit(&current, version, weight, &delta, &outbox)).await?;
             phase.end("store");
             match committed {
                 CasOutcome::Committed => {
                     worker::faults::point("coordinator.after_commit").await;
                     // Before any message this commit consumed is acked.
-                    let replayable: Vec<&Event> = (events.iter().enumerate())
-                        .filter(|(i, _)| !skip.contains(i))
-                        .map(|(_, e)| e)
-                        .collect();
-                    self.mirror_commit(&base, &current, &replayable).await?;
+                    self.mirror_commit(&base, &current, &delta).await?;
                     phase.end("mirror");
                     self.after_commit(&current, &effects);
                     self.watch(run, &effects).await;
@@ -415,7 +418,7 @@ impl Coordinator {
                     if current.status.is_terminal() && current.pending_jobs().next().is_none() {
                         self.forget_run(run);
                     } else {
-                        self.states.put(current, version + 1);
+                        self.states.put(current, version + 1, weight);
                     }
                     phase.end("after");
                     return Ok(applied);

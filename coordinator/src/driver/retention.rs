@@ -16,7 +16,7 @@ impl Coordinator {
     pub async fn prune_finished(&self, before_ms: i64) -> Result<usize, DriverError> {
         let mut removed = 0;
         for run in self.store.created_before(before_ms, BATCH).await? {
-            let Some((state, _)) = self.store.load(&run).await? else {
+            let Some((state, _, _)) = self.stored(&run).await? else {
                 continue;
             };
             if state.status.is_terminal() && state.pending_jobs().next().is_none() {

@@ -3,6 +3,7 @@
 //! store's head. The head names the commit by its random id as well as its version, so a copy
 //! of a history the store lost (and restored past, reaching the same version) never passes.
 
+use super::store_log::Weight;
 use super::{Coordinator, DriverError};
 use shared::engine::RunState;
 use shared::ids::RunId;
@@ -13,30 +14,34 @@ use std::sync::Mutex;
 /// loaded from the store on its next commit).
 const HELD_RUNS: usize = 256;
 
+/// A run's state, its version and its weight in the store.
+pub(super) type Held = (RunState, u64, Weight);
+
 #[derive(Default)]
 pub(super) struct StateCache {
-    runs: Mutex<HashMap<RunId, (RunState, u64)>>,
+    runs: Mutex<HashMap<RunId, Held>>,
 }
 
 impl StateCache {
     /// Takes a run's state out (a commit changes it in place).
-    pub(super) fn take(&self, run: &RunId) -> Option<(RunState, u64)> {
+    pub(super) fn take(&self, run: &RunId) -> Option<Held> {
         self.runs.lock().expect("state cache").remove(run)
     }
 
     /// A copy of a run's state (a read).
     pub(super) fn copy(&self, run: &RunId) -> Option<(RunState, u64)> {
-        self.runs.lock().expect("state cache").get(run).cloned()
+        let runs = self.runs.lock().expect("state cache");
+        runs.get(run).map(|(s, v, _)| (s.clone(), *v))
     }
 
-    pub(super) fn put(&self, state: RunState, version: u64) {
+    pub(super) fn put(&self, state: RunState, version: u64, weight: Weight) {
         let mut runs = self.runs.lock().expect("state cache");
         if runs.len() >= HELD_RUNS && !runs.contains_key(&state.run_id) {
             if let Some(other) = runs.keys().next().cloned() {
                 runs.remove(&other);
             }
         }
-        runs.insert(state.run_id.clone(), (state, version));
+        runs.insert(state.run_id.clone(), (state, version, weight));
     }
 
     pub(super) fn forget(&self, run: &RunId) {
@@ -49,10 +54,9 @@ impl StateCache {
     }
 }
 
-/// Is `held` the state the store's head names?
-fn current(held: &(RunState, u64), head: Option<&(u64, String)>) -> bool {
-    let (state, version) = held;
-    !state.commit.is_empty() && head.is_some_and(|(v, c)| v == version && *c == state.commit)
+/// Is `state` at `version` the state the store's head names?
+fn current(state: &RunState, version: u64, head: Option<&(u64, String)>) -> bool {
+    !state.commit.is_empty() && head.is_some_and(|(v, c)| *v == version && *c == state.commit)
 }
 
 impl Coordinator {
@@ -67,16 +71,18 @@ impl Coordinator {
     }
 
     /// The run's state to commit on: the held one when the store's head still names it.
-    pub(super) async fn load_for_commit(
-        &self,
-        run: &RunId,
-    ) -> Result<(RunState, u64), DriverError> {
+    pub(super) async fn load_for_commit(&self, run: &RunId) -> Result<Held, DriverError> {
         if let Some(held) = self.states.take(run) {
-            if current(&held, self.store.head(run).await?.as_ref()) {
+            if current(&held.0, held.1, self.store.head(run).await?.as_ref()) {
                 return Ok(held);
             }
         }
-        self.load_versioned(run).await
+        if let Some(stored) = self.stored(run).await? {
+            return Ok(stored);
+        }
+        // Lost by the store: restored from the mirror (its weight unknown until read again).
+        let (state, version) = self.load_versioned(run).await?;
+        Ok((state, version, Weight::default()))
     }
 
     /// A copy of the run's held state when the store's head still names it.
@@ -87,7 +93,7 @@ impl Coordinator {
         let Some(held) = self.states.copy(run) else {
             return Ok(None);
         };
-        Ok(current(&held, self.store.head(run).await?.as_ref()).then_some(held))
+        Ok(current(&held.0, held.1, self.store.head(run).await?.as_ref()).then_some(held))
     }
 }
 
@@ -104,16 +110,19 @@ mod tests {
 
     #[test]
     fn a_held_state_passes_only_at_the_heads_version_and_commit() {
-        let held = (at("c7"), 7);
-        assert!(current(&held, Some(&(7, "c7".into()))));
-        assert!(!current(&held, Some(&(8, "c8".into()))), "committed since");
+        let held = at("c7");
+        assert!(current(&held, 7, Some(&(7, "c7".into()))));
         assert!(
-            !current(&held, Some(&(7, "x7".into()))),
+            !current(&held, 7, Some(&(8, "c8".into()))),
+            "committed since"
+        );
+        assert!(
+            !current(&held, 7, Some(&(7, "x7".into()))),
             "another history at the same version (restored after a loss)"
         );
-        assert!(!current(&held, None), "the store lost the run");
+        assert!(!current(&held, 7, None), "the store lost the run");
         assert!(
-            !current(&(at(""), 7), Some(&(7, String::new()))),
+            !current(&at(""), 7, Some(&(7, String::new()))),
             "a state without a commit id is never trusted"
         );
     }
@@ -122,11 +131,11 @@ mod tests {
     fn the_cache_holds_a_bounded_number_of_runs() {
         let cache = StateCache::default();
         for i in 0..HELD_RUNS + 10 {
-            cache.put(state(&format!("r{i}")), 1);
+            cache.put(state(&format!("r{i}")), 1, Weight::default());
         }
         assert_eq!(cache.len(), HELD_RUNS);
-        cache.put(at("c2"), 2);
-        assert_eq!(cache.take(&RunId::new("r1")).map(|(_, v)| v), Some(2));
+        cache.put(at("c2"), 2, Weight::default());
+        assert_eq!(cache.take(&RunId::new("r1")).map(|(_, v, _)| v), Some(2));
         assert!(cache.take(&RunId::new("r1")).is_none(), "taken out");
     }
 }

@@ -9,7 +9,7 @@ use shared::engine::RunState;
 use shared::ids::{BatchId, RunId};
 use shared::ports::{
     BatchStore, CasOutcome, JobSlotStore, OutboxMessage, PortError, RunStore, ScheduleStore,
-    TokenStore,
+    StoredRun, TokenStore,
 };
 use shared::schedule::{ScheduleDef, ScheduleState};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -45,10 +45,25 @@ impl MemoryRunStore {
     }
 }
 
+/// A run: its snapshot, the deltas after it, its head and its creation time (unix ms).
+struct Stored {
+    run: StoredRun,
+    commit: String,
+    created: i64,
+}
+
+fn snapshot_of(state: &RunState, version: u64) -> StoredRun {
+    StoredRun {
+        snapshot: state.clone(),
+        version,
+        deltas: Vec::new(),
+        snapshot_bytes: serde_json::to_vec(state).map_or(0, |b| b.len()),
+    }
+}
+
 #[derive(Default)]
 struct Inner {
-    /// State, version and creation time (unix milliseconds) per run.
-    runs: BTreeMap<RunId, (RunState, u64, i64)>,
+    runs: BTreeMap<RunId, Stored>,
     /// Run ids in creation order.
     order: Vec<RunId>,
     outbox: VecDeque<String>,
@@ -343,16 +358,19 @@ impl RunStore for MemoryRunStore {
         if g.runs.contains_key(&state.run_id) {
             return Ok(false);
         }
-        let created = chrono::Utc::now().timestamp_millis();
-        g.runs
-            .insert(state.run_id.clone(), (state.clone(), 1, created));
+        let stored = Stored {
+            run: snapshot_of(state, 1),
+            commit: state.commit.clone(),
+            created: chrono::Utc::now().timestamp_millis(),
+        };
+        g.runs.insert(state.run_id.clone(), stored);
         g.order.push(state.run_id.clone());
         g.outbox.extend(outbox.iter().map(encode));
         Ok(true)
     }
 
-    async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError> {
-        Ok(self.lock().runs.get(run).map(|(s, v, _)| (s.clone(), *v)))
+    async fn load(&self, run: &RunId) -> Result<Option<StoredRun>, PortError> {
+        Ok(self.lock().runs.get(run).map(|s| s.run.clone()))
     }
 
     async fn head(&self, run: &RunId) -> Result<Option<(u64, String)>, PortError> {
@@ -360,7 +378,28 @@ impl RunStore for MemoryRunStore {
             .lock()
             .runs
             .get(run)
-            .map(|(s, v, _)| (*v, s.commit.clone())))
+            .map(|s| (s.run.version, s.commit.clone())))
+    }
+
+    async fn append(
+        &self,
+        run: &RunId,
+        version: u64,
+        commit: &str,
+        delta: &str,
+        outbox: &[OutboxMessage],
+    ) -> Result<CasOutcome, PortError> {
+        let mut g = self.lock();
+        match g.runs.get_mut(run) {
+            Some(s) if s.run.version == version => {
+                s.run.deltas.push(delta.to_string());
+                s.run.version += 1;
+                s.commit = commit.to_string();
+            }
+            _ => return Ok(CasOutcome::Conflict),
+        }
+        g.outbox.extend(outbox.iter().map(encode));
+        Ok(CasOutcome::Committed)
     }
 
     async fn commit(
@@ -371,9 +410,9 @@ impl RunStore for MemoryRunStore {
     ) -> Result<CasOutcome, PortError> {
         let mut g = self.lock();
         match g.runs.get_mut(&state.run_id) {
-            Some((s, v, _)) if *v == version => {
-                *s = state.clone();
-                *v += 1;
+            Some(s) if s.run.version == version => {
+                s.run = snapshot_of(state, version + 1);
+                s.commit = state.commit.clone();
             }
             _ => return Ok(CasOutcome::Conflict),
         }
@@ -479,7 +518,7 @@ impl RunStore for MemoryRunStore {
         // `order` is creation order, so the first ones found are the oldest.
         Ok(g.order
             .iter()
-            .filter(|r| g.runs.get(*r).is_some_and(|(_, _, at)| *at <= before_ms))
+            .filter(|r| g.runs.get(*r).is_some_and(|s| s.created <= before_ms))
             .take(max)
             .cloned()
             .collect())

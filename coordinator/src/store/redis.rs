@@ -1,4 +1,5 @@
-//! Redis run store. Each run is a hash {state, version, commit}; a transition is a Lua script that
+//! Redis run store. Each run is a hash {state, version, commit} (its snapshot and head) and a
+//! list of the deltas committed after the snapshot; a transition is a Lua script that
 //! checks the version, writes the new state and appends the outbox messages in one atomic step.
 //! The outbox is a list; a relay claims messages into its own in-flight list (LMOVE), publishes
 //! them with confirms, then forgets them. In-flight lists of relays that stopped heartbeating are
@@ -9,10 +10,11 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use shared::engine::RunState;
 use shared::ids::RunId;
-use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore};
+use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore, StoredRun};
 
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[4])
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'version', 1, 'commit', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 for i = 5, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
@@ -23,6 +25,16 @@ const COMMIT: &str = r#"
 local v = redis.call('HGET', KEYS[1], 'version')
 if v ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'version', tonumber(v) + 1, 'commit', ARGV[3])
+redis.call('DEL', KEYS[3])
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+return 1
+"#;
+
+const APPEND: &str = r#"
+local v = redis.call('HGET', KEYS[1], 'version')
+if v ~= ARGV[1] then return 0 end
+redis.call('RPUSH', KEYS[3], ARGV[3])
+redis.call('HSET', KEYS[1], 'version', tonumber(v) + 1, 'commit', ARGV[2])
 for i = 4, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1
 "#;
@@ -74,6 +86,7 @@ pub struct RedisRunStore {
     lease: std::time::Duration,
     create: Script,
     commit: Script,
+    append: Script,
     claim: Script,
     done: Script,
     due: Script,
@@ -142,6 +155,7 @@ impl RedisRunStore {
             lease: LEASE,
             create: Script::new(CREATE),
             commit: Script::new(COMMIT),
+            append: Script::new(APPEND),
             claim: Script::new(CLAIM),
             done: Script::new(DONE),
             due: Script::new(DUE),
@@ -198,6 +212,9 @@ impl RedisRunStore {
     fn run_key(&self, run: &RunId) -> String {
         format!("{}:run:{run}", self.ns)
     }
+    fn deltas_key(&self, run: &RunId) -> String {
+        format!("{}:run:{run}:deltas", self.ns)
+    }
     fn runs_key(&self) -> String {
         format!("{}:runs", self.ns)
     }
@@ -222,6 +239,7 @@ impl RunStore for RedisRunStore {
         inv.key(self.run_key(&state.run_id))
             .key(self.runs_key())
             .key(self.outbox_key())
+            .key(self.deltas_key(&state.run_id))
             .arg(encode(state)?)
             .arg(chrono::Utc::now().timestamp_millis())
             .arg(state.run_id.as_str())
@@ -233,8 +251,54 @@ impl RunStore for RedisRunStore {
         Ok(created == 1)
     }
 
-    async fn load(&self, run: &RunId) -> Result<Option<(RunState, u64)>, PortError> {
-        self.load_versioned("load", self.run_key(run)).await
+    async fn load(&self, run: &RunId) -> Result<Option<StoredRun>, PortError> {
+        let (key, deltas_key) = (self.run_key(run), self.deltas_key(run));
+        let (state, version, deltas): (Option<String>, Option<u64>, Vec<String>) =
+            timed("load", &self.conn, |mut c| {
+                let (key, deltas_key) = (&key, &deltas_key);
+                async move {
+                    redis::pipe()
+                        .atomic()
+                        .hget(key, "state")
+                        .hget(key, "version")
+                        .lrange(deltas_key, 0, -1)
+                        .query_async(&mut c)
+                        .await
+                }
+            })
+            .await?;
+        let (Some(state), Some(version)) = (state, version) else {
+            return Ok(None);
+        };
+        let snapshot =
+            serde_json::from_str(&state).map_err(|e| PortError::Encoding(e.to_string()))?;
+        Ok(Some(StoredRun {
+            snapshot,
+            version,
+            deltas,
+            snapshot_bytes: state.len(),
+        }))
+    }
+
+    async fn append(
+        &self,
+        run: &RunId,
+        version: u64,
+        commit: &str,
+        delta: &str,
+        outbox: &[OutboxMessage],
+    ) -> Result<CasOutcome, PortError> {
+        let mut inv = self.append.prepare_invoke();
+        inv.key(self.run_key(run))
+            .key(self.outbox_key())
+            .key(self.deltas_key(run))
+            .arg(version.to_string())
+            .arg(commit)
+            .arg(delta);
+        for m in outbox {
+            inv.arg(encode(m)?);
+        }
+        Ok(cas(self.invoke("append", &inv).await?))
     }
 
     async fn commit(
@@ -246,6 +310,7 @@ impl RunStore for RedisRunStore {
         let mut inv = self.commit.prepare_invoke();
         inv.key(self.run_key(&state.run_id))
             .key(self.outbox_key())
+            .key(self.deltas_key(&state.run_id))
             .arg(version.to_string())
             .arg(encode(state)?)
             .arg(&state.commit);
@@ -398,12 +463,16 @@ impl RunStore for RedisRunStore {
 
     async fn remove(&self, run: &RunId) -> Result<(), PortError> {
         let (run_key, runs_key) = (self.run_key(run), self.runs_key());
+        let deltas_key = self.deltas_key(run);
         timed("remove", &self.conn, |mut c| {
             let (run_key, runs_key) = (run_key.clone(), runs_key.clone());
+            let deltas_key = &deltas_key;
             async move {
                 redis::pipe()
                     .atomic()
                     .del(&run_key)
+                    .ignore()
+                    .del(deltas_key)
                     .ignore()
                     .zrem(&runs_key, run.as_str())
                     .ignore()

@@ -22,7 +22,6 @@ use shared::messages::{
     AgentConfig, Control, JobEnvelope, JobResult, JobSpec, JobStatus, RepoSnapshot, ResultEnvelope,
     ResultMessage, StartNotice, Usage, INLINE_LIMIT, WIRE_VERSION,
 };
-use shared::ports::RunStore;
 use shared::time::{Clock, SystemClock};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -355,13 +354,19 @@ impl Cluster {
         }
     }
 
-    /// The run's state and store version.
+    /// The run's state (its stored deltas replayed on its snapshot) and store version.
     pub(super) async fn load(&self, run: &RunId) -> (RunState, u64) {
-        self.store
-            .load(run)
-            .await
+        let reader = Coordinator::new(
+            "reader".into(),
+            self.store.clone(),
+            self.broker.clone(),
+            self.blobs.clone(),
+            CoordinatorMetrics::new(),
+        );
+        let (state, version, _) = (reader.stored(run).await)
             .expect("the memory store answers")
-            .unwrap_or_else(|| panic!("run `{run}` is not in the store"))
+            .unwrap_or_else(|| panic!("run `{run}` is not in the store"));
+        (state, version)
     }
 
     /// Waits until the stored state of `run` satisfies `done` and returns it.

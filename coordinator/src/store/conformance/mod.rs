@@ -102,7 +102,7 @@ pub async fn create_is_idempotent(s: &dyn RunStore, _: &Profile) {
         !s.create(&second, &[message("r1", 9)]).await.unwrap(),
         "a run that exists is not created again"
     );
-    let (loaded, version) = s.load(&RunId::new("r1")).await.unwrap().unwrap();
+    let (loaded, version) = plain(s, &RunId::new("r1")).await.unwrap();
     assert_eq!(loaded.graph_name, "first", "the first state stays");
     assert_eq!(version, 1);
     assert!(
@@ -116,9 +116,83 @@ pub async fn load_returns_state_and_version(s: &dyn RunStore, _: &Profile) {
     let st = state("r1");
     s.create(&st, &[]).await.unwrap();
     assert_eq!(
-        s.load(&RunId::new("r1")).await.unwrap(),
+        plain(s, &RunId::new("r1")).await,
         Some((st, 1)),
         "a created run is at version 1, as it was given"
+    );
+}
+
+/// A run stored as a snapshot with no deltas after it: its state and version.
+async fn plain(s: &dyn RunStore, run: &RunId) -> Option<(RunState, u64)> {
+    let stored = s.load(run).await.unwrap()?;
+    assert!(stored.deltas.is_empty(), "no deltas were appended");
+    assert!(stored.snapshot_bytes > 0, "the snapshot's size is known");
+    Some((stored.snapshot, stored.version))
+}
+
+pub async fn deltas_are_appended_by_version_and_dropped_by_a_snapshot(
+    s: &dyn RunStore,
+    _: &Profile,
+) {
+    let run = RunId::new("r1");
+    let mut st = state("r1");
+    assert_eq!(
+        s.append(&run, 1, "c1", "d1", &[]).await.unwrap(),
+        CasOutcome::Conflict,
+        "a run that does not exist takes no delta"
+    );
+    st.commit = "c0".into();
+    s.create(&st, &[]).await.unwrap();
+    let sent = [message("r1", 1)];
+    assert_eq!(
+        s.append(&run, 1, "c1", "d1", &sent).await.unwrap(),
+        CasOutcome::Committed
+    );
+    assert_eq!(
+        s.append(&run, 2, "c2", "d2", &[]).await.unwrap(),
+        CasOutcome::Committed
+    );
+    assert_eq!(
+        s.append(&run, 2, "x", "stale", &[message("r1", 9)])
+            .await
+            .unwrap(),
+        CasOutcome::Conflict,
+        "a delta on a version that moved on is refused, with its outbox"
+    );
+    let stored = s.load(&run).await.unwrap().unwrap();
+    assert_eq!(
+        stored.snapshot, st,
+        "the snapshot is not rewritten by a delta"
+    );
+    assert_eq!(
+        stored.deltas,
+        ["d1", "d2"],
+        "deltas come back in commit order"
+    );
+    assert_eq!(stored.version, 3);
+    assert_eq!(stored.delta_bytes(), 4);
+    assert_eq!(s.head(&run).await.unwrap(), Some((3, "c2".into())));
+    assert_eq!(
+        decode(&s.outbox_claim("o", 10).await.unwrap()),
+        sent,
+        "an appended delta's outbox is written with it"
+    );
+    st.commit = "c3".into();
+    st.graph_name = "snapshot".into();
+    assert_eq!(s.commit(&st, 3, &[]).await.unwrap(), CasOutcome::Committed);
+    assert_eq!(
+        plain(s, &run).await,
+        Some((st, 4)),
+        "a snapshot drops the deltas"
+    );
+    s.remove(&run).await.unwrap();
+    let mut again = state("r1");
+    again.commit = "n0".into();
+    s.create(&again, &[]).await.unwrap();
+    assert_eq!(
+        plain(s, &run).await,
+        Some((again, 1)),
+        "a new run starts with no deltas"
     );
 }
 
@@ -158,7 +232,7 @@ pub async fn commit_is_compare_and_set(s: &dyn RunStore, _: &Profile) {
     s.create(&st, &[]).await.unwrap();
     st.graph_name = "v2".into();
     assert_eq!(s.commit(&st, 1, &[]).await.unwrap(), CasOutcome::Committed);
-    assert_eq!(s.load(&run).await.unwrap(), Some((st.clone(), 2)));
+    assert_eq!(plain(s, &run).await, Some((st.clone(), 2)));
     let mut stale = st.clone();
     stale.graph_name = "stale".into();
     assert_eq!(
@@ -167,7 +241,7 @@ pub async fn commit_is_compare_and_set(s: &dyn RunStore, _: &Profile) {
         "a commit on an older version conflicts"
     );
     assert_eq!(
-        s.load(&run).await.unwrap(),
+        plain(s, &run).await,
         Some((st.clone(), 2)),
         "a conflict writes nothing"
     );
@@ -177,7 +251,7 @@ pub async fn commit_is_compare_and_set(s: &dyn RunStore, _: &Profile) {
     );
     st.graph_name = "v3".into();
     assert_eq!(s.commit(&st, 2, &[]).await.unwrap(), CasOutcome::Committed);
-    assert_eq!(s.load(&run).await.unwrap().unwrap().1, 3);
+    assert_eq!(plain(s, &run).await.unwrap().1, 3);
 }
 
 pub async fn the_outbox_keeps_commit_order(s: &dyn RunStore, _: &Profile) {
@@ -341,7 +415,7 @@ pub async fn exists_and_remove(s: &dyn RunStore, _: &Profile) {
         s.create(&state("r1"), &[]).await.unwrap(),
         "a removed run can be created again"
     );
-    assert_eq!(s.load(&run).await.unwrap().unwrap().1, 1);
+    assert_eq!(plain(s, &run).await.unwrap().1, 1);
 }
 
 pub async fn created_before_lists_the_oldest_first(s: &dyn RunStore, _: &Profile) {
@@ -418,6 +492,7 @@ macro_rules! run_store_conformance {
             load_returns_state_and_version,
             commit_is_compare_and_set,
             the_head_names_the_stored_version_and_commit,
+            deltas_are_appended_by_version_and_dropped_by_a_snapshot,
             the_outbox_keeps_commit_order,
             claimed_messages_are_held_until_done,
             reclaim_own_returns_in_flight_messages_to_the_outbox,
