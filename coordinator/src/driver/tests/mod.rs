@@ -7,8 +7,10 @@
 //!   graph, approvals approved and rejected;
 //! - `delivery.rs`: what at-least-once delivery and restarts bring: a duplicate result, a
 //!   result of a superseded attempt, the watchdog's re-issue, cancel with late results, and a
-//!   second coordinator finishing a run the first left mid-way.
+//!   second coordinator finishing a run the first left mid-way;
+//! - `stored.rs`: a run stored as a snapshot and deltas, replayed; forged deltas refused.
 
 mod cluster;
 mod delivery;
 mod runs;
+mod stored;
