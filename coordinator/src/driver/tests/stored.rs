@@ -58,7 +58,11 @@ async fn a_replayed_run_is_the_state_its_coordinator_committed() {
     let held = c.coord.load(&run).await.unwrap();
     assert_eq!(replayed, held, "the replay gives the committed state");
     assert_eq!(version, stored.version);
-    assert_eq!(replayed.awaiting_approval().len(), 1, "the next approval waits");
+    assert_eq!(
+        replayed.awaiting_approval().len(),
+        1,
+        "the next approval waits"
+    );
     c.stop().await;
 }
 
