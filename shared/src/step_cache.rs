@@ -1,6 +1,7 @@
 //! The content-addressed step cache: a job whose inputs are the same as an earlier job's
 //! reuses that job's result instead of running again. Pure: what a step's key covers
-//! ([`StepInputs`], [`step_key`]), which steps may be cached ([`cacheable`]), which results may
+//! ([`StepInputs`], [`step_key`]), which steps may be cached ([`cacheable`]) and
+//! are worth a lookup ([`worth_a_lookup`]), which results may
 //! be kept ([`keepable`]), and where a kept result's artifacts go in the job that reuses it
 //! ([`relocate_artifacts`]). The worker looks keys up and stores entries
 //! (`worker::runner::cache`).
@@ -54,6 +55,14 @@ pub fn cacheable(kind: NodeKind, agent_steps: bool) -> bool {
         NodeKind::Agent => agent_steps,
         _ => false,
     }
+}
+
+/// Whether a lookup can pay for itself: a step that reads no worktree and runs no container
+/// (a harness op over its parameters, such as `noop`) is computed in the worker's own process
+/// faster than the store answers a lookup, and keeping it is one more write; it just runs.
+/// Agent steps always can (a model's answer is the cost the cache saves).
+pub fn worth_a_lookup(kind: NodeKind, has_worktree: bool, needs_container: bool) -> bool {
+    kind == NodeKind::Agent || has_worktree || needs_container
 }
 
 /// Whether a result may be kept: a verdict, never an infrastructure failure.
@@ -355,6 +364,16 @@ mod tests {
         }
         assert!(!cacheable(NodeKind::Agent, false));
         assert!(cacheable(NodeKind::Agent, true));
+    }
+
+    #[test]
+    fn a_step_over_its_parameters_alone_is_never_looked_up() {
+        assert!(!worth_a_lookup(NodeKind::Harness, false, false));
+        assert!(!worth_a_lookup(NodeKind::Git, false, false));
+        assert!(worth_a_lookup(NodeKind::Harness, true, false));
+        assert!(worth_a_lookup(NodeKind::Harness, false, true));
+        assert!(worth_a_lookup(NodeKind::Command, false, true));
+        assert!(worth_a_lookup(NodeKind::Agent, false, false));
     }
 
     fn result(status: JobStatus, artifacts: &[(&str, &str)]) -> JobResult {

@@ -11,7 +11,7 @@ use serde_json::Value;
 use shared::graph::{GraphBundle, Node, RawNode};
 use shared::messages::{JobResult, JobSpec, Usage, WIRE_VERSION};
 use shared::step_cache::{
-    cacheable, entry_key, relocate_artifacts, step_key, CacheEntry, StepInputs,
+    cacheable, entry_key, relocate_artifacts, step_key, worth_a_lookup, CacheEntry, StepInputs,
 };
 use std::sync::OnceLock;
 use tracing::{debug, info, warn};
@@ -42,7 +42,7 @@ fn build_id() -> &'static str {
 
 impl Runner {
     /// The job's key, when its step may be cached here; none otherwise (cache off, a kind the
-    /// graph does not cache, a container step on a sandbox that cannot name its image).
+    /// graph does not cache, a step cheaper than a lookup, a container step on a sandbox that cannot name its image).
     pub(super) async fn step_key(&self, spec: &JobSpec) -> Result<Option<String>, RunError> {
         if !self.cache_enabled {
             return Ok(None);
@@ -51,7 +51,9 @@ impl Runner {
         let Some(node) = bundle.graph.node(&spec.node) else {
             return Ok(None);
         };
-        if !cacheable(node.kind(), bundle.graph.defaults.cache_agent_steps) {
+        if !cacheable(node.kind(), bundle.graph.defaults.cache_agent_steps)
+            || !worth_a_lookup(node.kind(), spec.worktree.is_some(), node.needs_container())
+        {
             return Ok(None);
         }
         // A session that hears from other sessions while it runs is not a function of its
