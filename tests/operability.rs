@@ -328,6 +328,51 @@ async fn cancelling_a_finished_run_says_so_and_fails() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_waiting_for_a_result_is_answered_when_the_run_finishes() -> anyhow::Result<()> {
+    let stack = Stack::start("opwait", 1, &[]).await?;
+    // The SE agent answers after 4 s: the run cannot have finished yet.
+    let run = stack.submit_slow_factory(4.0)?;
+    let result = format!("/v1/runs/{run}/result");
+    let (code, body) = stack.get_answer(&result).await?;
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["error"], "run is running", "{body}");
+    // A short wait that ends first says the same.
+    let (code, body) = stack
+        .get_answer(&format!("{result}?wait_seconds=0.5"))
+        .await?;
+    assert_eq!(code, 409, "{body}");
+    // Bad waits are refused with a reason, and change nothing.
+    for bad in ["61", "-1", "soon"] {
+        let (code, body) = stack
+            .get_answer(&format!("{result}?wait_seconds={bad}"))
+            .await?;
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("wait_seconds"),
+            "{bad}: {body}"
+        );
+    }
+    // A long wait is answered with the outcome once the run ends, not at its bound.
+    let (code, body) = stack
+        .get_answer(&format!("{result}?wait_seconds=60"))
+        .await?;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    assert_eq!(body["result"]["verdict"], "PASS", "{body}");
+    let summary = stack.get(&format!("/v1/runs/{run}/summary")).await?;
+    assert_eq!(summary["status"], "succeeded", "{summary}");
+    // A waiter for a run that does not exist is told so at once.
+    let (code, body) = stack
+        .get_answer("/v1/runs/no-such-run/result?wait_seconds=5")
+        .await?;
+    assert_eq!(code, 404, "{body}");
+    Ok(())
+}
+
 /// Every graph file of the repository (not templates or schemas).
 fn repository_graphs() -> Vec<PathBuf> {
     let mut out = Vec::new();

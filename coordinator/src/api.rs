@@ -106,13 +106,13 @@ pub fn routes() -> Vec<Route> {
         at(Get, "/v1/runs", list_runs),
         at(Get, "/v1/runs/:id", run_status),
         at(Get, "/v1/runs/:id/summary", run_summary),
-        at(Get, "/v1/runs/:id/result", run_result),
         at(Post, "/v1/runs/:id/cancel", cancel_run),
         at(Get, "/v1/runs/:id/logs", run_logs),
         at(Get, "/v1/runs/:id/artifacts", list_artifacts),
         at(Get, "/v1/runs/:id/artifacts/*key", get_run_artifact),
         at(Get, "/v1/artifacts/*key", get_artifact),
     ];
+    all.extend(crate::result_wait::routes());
     all.extend(batches::routes());
     all.extend(tree_api::routes());
     all.extend(decisions_api::routes());
@@ -310,36 +310,6 @@ async fn run_summary(
 ) -> ApiResult<Json<http::RunSummary>> {
     let s = c.load(&RunId::new(id)).await?;
     Ok(Json(http::RunSummary::of(&s)))
-}
-
-/// The result of a finished run.
-#[utoipa::path(
-    get, path = "/v1/runs/{id}/result",
-    params(RunPath),
-    responses(
-        (status = 200, body = http::RunOutcome),
-        NoSuchRun,
-        (status = 409, body = http::ErrorBody, description = "the run has not finished"),
-    )
-)]
-async fn run_result(
-    State(c): State<Arc<Coordinator>>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<http::RunOutcome>> {
-    let s = c.load(&RunId::new(id)).await?;
-    match s.result {
-        Some(result) => Ok(Json(http::RunOutcome {
-            v: http::API_VERSION,
-            status: s.status,
-            result,
-            usage: s.usage,
-        })),
-        None => Err(ApiError(
-            StatusCode::CONFLICT,
-            format!("run is {:?}", s.status).to_lowercase(),
-            vec![],
-        )),
-    }
 }
 
 #[utoipa::path(

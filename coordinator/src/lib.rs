@@ -13,6 +13,7 @@ pub mod embedded;
 pub mod metrics;
 pub mod openapi;
 pub mod repo_roots;
+pub mod result_wait;
 pub mod schedules;
 mod snapshot;
 pub mod store;

@@ -25,7 +25,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         api::list_runs,
         api::run_status,
         api::run_summary,
-        api::run_result,
+        crate::result_wait::run_result,
         api::cancel_run,
         crate::decisions_api::decide_approval,
         api::run_logs,

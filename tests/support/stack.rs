@@ -575,6 +575,13 @@ impl Stack {
         Ok(v)
     }
 
+    /// `GET path`'s status and JSON body, whatever the status.
+    pub async fn get_answer(&self, path: &str) -> anyhow::Result<(u16, Value)> {
+        let r = self.send_get(path).await?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
     pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
         let r = self.send_get(path).await?;
         if !r.status().is_success() {
