@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use worker::blobs::BlobError;
+use worker::blobs::{BlobError, Blobs};
 
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 const EPOCH_CHECK_EVERY: Duration = Duration::from_secs(2);
@@ -132,31 +132,18 @@ impl Coordinator {
             },
         );
         if state.status.is_terminal() && state.pending_jobs().next().is_none() {
-            if let Err(e) = self.blobs.delete(&active_key(&state.run_id)).await {
-                warn!(run = %state.run_id, error = %e, "could not unlist a finished run; the sweep will look at it again");
-            }
-            self.drop_deltas(&state.run_id).await;
+            // Housekeeping, off the commit's path (the snapshot is what makes the end
+            // durable): what it leaves behind is harmless.
+            let (blobs, run) = (self.blobs.clone(), state.run_id.clone());
+            tokio::spawn(async move {
+                if let Err(e) = blobs.delete(&active_key(&run)).await {
+                    warn!(run = %run, error = %e, "could not unlist a finished run; the sweep will look at it again");
+                }
+                drop_deltas(&blobs, &run).await;
+            });
         }
         Ok(())
     }
-
-    /// Removes a finished run's deltas (its snapshot holds them all); one left behind is
-    /// harmless, as no chain reaches it.
-    async fn drop_deltas(&self, run: &RunId) {
-        let keys = match self.blobs.list(&deltas_prefix(run)).await {
-            Ok(keys) => keys,
-            Err(e) => {
-                warn!(run = %run, error = %e, "could not list a finished run's deltas");
-                return;
-            }
-        };
-        for key in keys {
-            if let Err(e) = self.blobs.delete(&key).await {
-                warn!(run = %run, error = %e, "could not remove a finished run's delta");
-            }
-        }
-    }
-
     fn count_write(&self, kind: &str, bytes: usize) {
         self.metrics.mirror_writes.with_label_values(&[kind]).inc();
         (self.metrics.mirror_bytes.with_label_values(&[kind])).inc_by(bytes as u64);
@@ -343,6 +330,23 @@ impl Coordinator {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(EPOCH_CHECK_EVERY) => {}
             }
+        }
+    }
+}
+
+/// Removes a finished run's deltas (its snapshot holds them all); one left behind is harmless,
+/// as no chain reaches it.
+async fn drop_deltas(blobs: &Blobs, run: &RunId) {
+    let keys = match blobs.list(&deltas_prefix(run)).await {
+        Ok(keys) => keys,
+        Err(e) => {
+            warn!(run = %run, error = %e, "could not list a finished run's deltas");
+            return;
+        }
+    };
+    for key in keys {
+        if let Err(e) = blobs.delete(&key).await {
+            warn!(run = %run, error = %e, "could not remove a finished run's delta");
         }
     }
 }

@@ -297,8 +297,7 @@ impl Coordinator {
         let created = self.store.create(&t.state, &outbox).await?;
         if created {
             // The submitter hears of the run only once its mirror is written.
-            self.snapshot(&t.state).await?;
-            self.mark_active(&t.state).await?;
+            tokio::try_join!(self.snapshot(&t.state), self.mark_active(&t.state))?;
             self.after_commit(&t.state, &t.effects);
             self.watch(&t.state.run_id, &t.effects).await;
             self.outbox_ready.notify_one();
@@ -458,9 +457,12 @@ impl Coordinator {
 
     async fn write_results(&self, state: &RunState) -> Result<(), DriverError> {
         let bundle = self.bundle(&state.graph_ref).await?;
-        for (key, value) in shared::builtins::result_files(&bundle, state) {
-            self.blobs.put_json(&key, &value).await?;
-        }
+        // The files at once: each is one write to the store.
+        let files = shared::builtins::result_files(&bundle, state);
+        futures::future::try_join_all(
+            (files.iter()).map(|(key, value)| self.blobs.put_json(key, value)),
+        )
+        .await?;
         Ok(())
     }
 
