@@ -25,41 +25,16 @@ log "provisioning services"
 scripts/provision.sh >/dev/null
 
 # --- Celery in a venv of its own ---
-venv="$root/target/bench-venv"
-py="$venv/bin/python"
-if [ ! -x "$py" ]; then
-  log "creating venv $venv"
-  python3 -m venv "$venv"
-fi
-if ! "$py" -c 'import celery, redis, sys; sys.exit(0 if celery.VERSION.major == 5 else 1)' 2>/dev/null; then
-  log "installing celery[redis]==5.* into $venv"
-  "$py" -m pip install -q --disable-pip-version-check 'celery[redis]==5.*'
-fi
-celery_version="$("$py" -c 'import celery; print(celery.__version__)')"
-
-bench_py="$root/bench/celery/chord_bench.py"
+. scripts/lib/celery.sh
+celery_venv
 tmp="$(mktemp -d)"
-worker_pid=""
 cleanup() {
-  if [ -n "$worker_pid" ] && kill -0 "$worker_pid" 2>/dev/null; then
-    kill -TERM "$worker_pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$worker_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$worker_pid" 2>/dev/null || true
-    wait "$worker_pid" 2>/dev/null || true
-  fi
+  celery_stop
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-log "starting the celery $celery_version worker (prefork, concurrency $concurrency)"
-"$py" "$bench_py" worker --concurrency "$concurrency" >"$tmp/worker.log" 2>&1 &
-worker_pid=$!
-if ! "$py" "$bench_py" ready --timeout 90 2>"$tmp/ready.log"; then
-  log "the celery worker did not become ready; its log:"
-  cat "$tmp/worker.log" "$tmp/ready.log" >&2
-  exit 1
-fi
+celery_start "$concurrency" || exit 1
 
 log "celery chord: n=$n repeat=$repeat"
 celery_line="$("$py" "$bench_py" run --n "$n" --repeat "$repeat" | tail -n 1)"
@@ -67,7 +42,6 @@ echo "$celery_line"
 
 # The worker is stopped before the fleet side so that both sides have the machine to themselves.
 cleanup
-worker_pid=""
 tmp="$(mktemp -d)"
 
 # --- the fleet side ---

@@ -7,6 +7,7 @@ backend: the local Redis, database 5 (flushed at the start of ``run``).
     python chord_bench.py worker --concurrency 2      # a prefork worker on the bench queue
     python chord_bench.py ready --timeout 60          # waits until a worker answers
     python chord_bench.py run --n 1000 --repeat 3     # prints one JSON line
+    python chord_bench.py roundtrip --n 200           # one task at a time: one JSON line
 """
 
 import argparse
@@ -104,6 +105,24 @@ def run(n, repeat):
     return 0
 
 
+def roundtrip(n):
+    """N single tasks one after another, each from ``delay`` to its result (the backend's
+    pub/sub tells ``get``); the first ten warm up and are not counted."""
+    times = []
+    for i in range(n + 10):
+        started = time.perf_counter()
+        got = noop.delay(i).get(timeout=60)
+        took = time.perf_counter() - started
+        assert got == i, f"task {i} answered {got}"
+        if i >= 10:
+            times.append(took)
+    times.sort()
+    at = lambda q: round(times[round((len(times) - 1) * q)] * 1e3, 3)
+    line = {"system": "celery-task", "n": n, "p50_ms": at(0.5), "p95_ms": at(0.95), "min_ms": at(0.0)}
+    print(json.dumps(line), flush=True)
+    return 0
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = parser.add_subparsers(dest="mode", required=True)
@@ -114,12 +133,16 @@ def main(argv):
     b = modes.add_parser("run", help="run the chord benchmark, print one JSON line")
     b.add_argument("--n", type=int, default=1000)
     b.add_argument("--repeat", type=int, default=3)
+    t = modes.add_parser("roundtrip", help="single tasks one at a time, print one JSON line")
+    t.add_argument("--n", type=int, default=200)
     args = parser.parse_args(argv)
     if args.mode == "worker":
         worker(args.concurrency)
         return 0
     if args.mode == "ready":
         return ready(args.timeout)
+    if args.mode == "roundtrip":
+        return roundtrip(args.n)
     return run(args.n, args.repeat)
 
 

@@ -12,6 +12,8 @@
 //!            [--verifier-image IMAGE]  (seed 004's hardened coder: `bench_hardened.rs`)
 //!        fleet-bench limit [--n N] [--prefetch P] [--workers W] [--concurrency C]  (the
 //!            broker's and Redis's own limit per job against the fleet: `bench_limit.rs`)
+//!        fleet-bench roundtrip [--n N]  (one job's round trip, submit to result, against the
+//!            broker's own: `bench_roundtrip.rs`)
 //!        fleet-bench service [--runs N] [--reads N] [--clients C] [--fan N]  (the team service:
 //!            status reads with N runs stored, the dashboard's live updates: `bench_service.rs`)
 
@@ -23,6 +25,8 @@ mod bench_hardened;
 mod bench_hardened_app;
 #[path = "bench_limit.rs"]
 mod bench_limit;
+#[path = "bench_roundtrip.rs"]
+mod bench_roundtrip;
 #[path = "bench_service.rs"]
 mod bench_service;
 #[path = "bench_tree.rs"]
@@ -78,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .await
         }
+        Some("roundtrip") => return bench_roundtrip::run(arg("--n", 200)).await,
         Some("service") => {
             return bench_service::run(bench_service::Options {
                 runs: arg("--runs", 1000),

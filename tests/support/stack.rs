@@ -14,6 +14,12 @@ pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub const AMQP_URL: &str = "amqp://127.0.0.1:5672/%2f";
 pub const S3_ENDPOINT: &str = "http://127.0.0.1:9000";
 
+/// The S3 endpoint a stack uses: `FLEET_TEST_S3_ENDPOINT` when set (a benchmark against
+/// another S3 server on 127.0.0.1), [`S3_ENDPOINT`] otherwise.
+pub fn s3_endpoint() -> String {
+    std::env::var("FLEET_TEST_S3_ENDPOINT").unwrap_or_else(|_| S3_ENDPOINT.to_string())
+}
+
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -35,7 +41,7 @@ pub fn base_env(ns: &str) -> Vec<(String, String)> {
         ("AWS_ACCESS_KEY_ID", "test"),
         ("AWS_SECRET_ACCESS_KEY", "test"),
         ("AWS_REGION", "us-east-1"),
-        ("AWS_ENDPOINT_URL", S3_ENDPOINT),
+        ("AWS_ENDPOINT_URL", s3_endpoint().as_str()),
         ("FLEET_STORE", "s3://fleet"),
         ("FLEET_AMQP", AMQP_URL),
         ("FLEET_REDIS", REDIS_URL),
@@ -59,7 +65,7 @@ pub fn s3_blobs(ns: &str) -> worker::blobs::Blobs {
     static ENV: std::sync::Once = std::sync::Once::new();
     ENV.call_once(|| {
         for (k, v) in [
-            ("AWS_ENDPOINT_URL", S3_ENDPOINT),
+            ("AWS_ENDPOINT_URL", s3_endpoint().as_str()),
             ("AWS_ACCESS_KEY_ID", "test"),
             ("AWS_SECRET_ACCESS_KEY", "test"),
             ("AWS_REGION", "us-east-1"),
