@@ -19,7 +19,7 @@ pub const MAX_VISITS: u32 = 10_000;
 /// A job's timeout: one week.
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
 /// Branches one fan-out may start.
-pub const MAX_FANOUT: usize = 10_000;
+pub const MAX_FANOUT: usize = 100_000;
 /// How deep a tree of child runs may go (`defaults.tree.max_depth`; the root is depth 0)
 /// and how many runs it may hold (`defaults.tree.max_runs`, the root included).
 pub const MAX_TREE_DEPTH: u32 = 8;

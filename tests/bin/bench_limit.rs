@@ -32,7 +32,7 @@ pub struct Options {
     pub concurrency: usize,
 }
 
-async fn quorum(ch: &Channel, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn quorum(ch: &Channel, name: &str) -> anyhow::Result<()> {
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
@@ -50,13 +50,13 @@ async fn quorum(ch: &Channel, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn channel(conn: &Connection) -> anyhow::Result<Channel> {
+pub(crate) async fn channel(conn: &Connection) -> anyhow::Result<Channel> {
     let ch = conn.create_channel().await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
     Ok(ch)
 }
 
-fn persistent() -> BasicProperties {
+pub(crate) fn persistent() -> BasicProperties {
     BasicProperties::default().with_delivery_mode(2)
 }
 
@@ -218,6 +218,14 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// The process's peak resident memory (`VmHWM` in `/proc/<pid>/status`), in MiB.
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 fn pids_of(name: &str) -> Vec<u32> {
     std::process::Command::new("pgrep")
         .args(["-x", name])
@@ -261,8 +269,9 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     for pid in pids_of("redis-server") {
         processes.push(("redis".into(), pid));
     }
-    // The S3 server `scripts/provision.sh` starts (moto, one Python process).
-    for pid in pids_of("moto_server") {
+    // The S3 servers: the one `scripts/provision.sh` starts (moto, one Python process), and
+    // s3s-fs when a benchmark runs on it (`scripts/lib/s3s.sh`); the idle one adds nothing.
+    for pid in pids_of("moto_server").into_iter().chain(pids_of("s3s-fs")) {
         processes.push(("s3".into(), pid));
     }
     let before: Vec<f64> = processes
@@ -330,6 +339,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
                 "mb": count("fleet_mirror_bytes_total") / 1e6}),
         );
     }
+    let coordinator_peak_rss_mib = stack.coordinator_pid().and_then(peak_rss_mib);
     let fleet = o.n as f64 / run_secs;
     let per_job_ms: serde_json::Map<String, serde_json::Value> = cpu
         .iter()
@@ -343,7 +353,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             "fleet_share_of_broker_limit": fleet / broker,
             "cpu_ms_per_job": per_job_ms,
             "coordinator_commit_ms_per_job": phases, "commits": commits,
-            "mirror_writes": mirror,
+            "mirror_writes": mirror, "coordinator_peak_rss_mib": coordinator_peak_rss_mib,
             "workers": o.workers, "concurrency": o.concurrency})
     );
     Ok(())
