@@ -10,6 +10,7 @@ use crate::expr;
 use crate::graph::{Node, NodeKind};
 use crate::ids::NodeId;
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
 
 /// The body of a fan-out node, as the engine runs it.
 #[derive(Clone, Copy)]
@@ -56,15 +57,18 @@ impl Engine<'_> {
         join.fired += 1;
         let visit = self.state.visits.get(id).copied().unwrap_or(0) + 1;
         self.state.visits.insert(id.clone(), visit);
+        // Each branch's newest outcome, in one pass over the history (not one per arrival:
+        // a join of 100,000 branches would scan it 100,000 times).
+        let mut newest: HashMap<u32, &Outcome> = HashMap::new();
+        for o in self.state.history.iter().rev() {
+            if let Some(b) = o.branch {
+                newest.entry(b).or_insert(o);
+            }
+        }
         let mut outputs = Map::new();
         for key in arrived.keys() {
             let o = match key.parse::<u32>() {
-                Ok(b) => self
-                    .state
-                    .history
-                    .iter()
-                    .rev()
-                    .find(|o| o.branch == Some(b)),
+                Ok(b) => newest.get(&b).copied(),
                 Err(_) => self.state.last_outcome(&NodeId::new(key.clone())),
             };
             outputs.insert(
