@@ -291,11 +291,22 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     ])?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     let run = out.stdout.trim().to_string();
-    let st = stack
-        // The run's own timestamps time it; polling often would only load the coordinator
-        // with status reads of a 10,000-job run.
-        .wait_run_every(&run, Duration::from_secs(1200), Duration::from_millis(500))
-        .await?;
+    // Told of the end by the API (no polling: a status read of a 100,000-job run costs the
+    // coordinator a copy of it), then the status read once; the run's own timestamps time it.
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let (code, body) = stack
+            .get_answer(&format!("/v1/runs/{run}/result?wait_seconds=60"))
+            .await?;
+        match code {
+            200 => break,
+            409 if Instant::now() < deadline => continue,
+            _ => anyhow::bail!("run {run}: {code} {body}"),
+        }
+    }
+    // The coordinator's peak memory while it ran the run (before the status read renders it).
+    let coordinator_peak_rss_mib = stack.coordinator_pid().and_then(peak_rss_mib);
+    let st = stack.get(&format!("/v1/runs/{run}")).await?;
     anyhow::ensure!(
         st["status"] == "succeeded" && st["joins"]["gather"]["fired"] == 1,
         "{st}"
@@ -339,7 +350,6 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
                 "mb": count("fleet_mirror_bytes_total") / 1e6}),
         );
     }
-    let coordinator_peak_rss_mib = stack.coordinator_pid().and_then(peak_rss_mib);
     let fleet = o.n as f64 / run_secs;
     let per_job_ms: serde_json::Map<String, serde_json::Value> = cpu
         .iter()
