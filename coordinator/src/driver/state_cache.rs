@@ -8,7 +8,7 @@ use super::{Coordinator, DriverError};
 use shared::engine::RunState;
 use shared::ids::RunId;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// At most this many runs' states are held; past it, an arbitrary one is let go (it is
 /// loaded from the store on its next commit).
@@ -17,21 +17,29 @@ const HELD_RUNS: usize = 256;
 /// A run's state, its version and its weight in the store.
 pub(super) type Held = (RunState, u64, Weight);
 
+/// The states are shared, so a read copies one outside the lock: a copy of a 100,000-job run
+/// takes milliseconds, and holding the lock for it would stall every commit meanwhile.
 #[derive(Default)]
 pub(super) struct StateCache {
-    runs: Mutex<HashMap<RunId, Held>>,
+    runs: Mutex<HashMap<RunId, (Arc<RunState>, u64, Weight)>>,
 }
 
 impl StateCache {
-    /// Takes a run's state out (a commit changes it in place).
+    /// Takes a run's state out (a commit changes it in place); copied only if a read is
+    /// copying it right now.
     pub(super) fn take(&self, run: &RunId) -> Option<Held> {
-        self.runs.lock().expect("state cache").remove(run)
+        let (state, version, weight) = self.runs.lock().expect("state cache").remove(run)?;
+        let state = Arc::try_unwrap(state).unwrap_or_else(|shared| (*shared).clone());
+        Some((state, version, weight))
     }
 
     /// A copy of a run's state (a read).
     pub(super) fn copy(&self, run: &RunId) -> Option<(RunState, u64)> {
-        let runs = self.runs.lock().expect("state cache");
-        runs.get(run).map(|(s, v, _)| (s.clone(), *v))
+        let (state, version) = {
+            let runs = self.runs.lock().expect("state cache");
+            runs.get(run).map(|(s, v, _)| (s.clone(), *v))?
+        };
+        Some(((*state).clone(), version))
     }
 
     pub(super) fn put(&self, state: RunState, version: u64, weight: Weight) {
@@ -41,7 +49,7 @@ impl StateCache {
                 runs.remove(&other);
             }
         }
-        runs.insert(state.run_id.clone(), (state, version, weight));
+        runs.insert(state.run_id.clone(), (Arc::new(state), version, weight));
     }
 
     pub(super) fn forget(&self, run: &RunId) {
