@@ -17,11 +17,14 @@ const HELD_RUNS: usize = 256;
 /// A run's state, its version and its weight in the store.
 pub(super) type Held = (RunState, u64, Weight);
 
+/// A held state as the cache keeps it: shared with the reads copying it.
+type Shared = (Arc<RunState>, u64, Weight);
+
 /// The states are shared, so a read copies one outside the lock: a copy of a 100,000-job run
 /// takes milliseconds, and holding the lock for it would stall every commit meanwhile.
 #[derive(Default)]
 pub(super) struct StateCache {
-    runs: Mutex<HashMap<RunId, (Arc<RunState>, u64, Weight)>>,
+    runs: Mutex<HashMap<RunId, Shared>>,
 }
 
 impl StateCache {
