@@ -294,8 +294,8 @@ async fn run_status(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<http::StatusView>> {
-    let s = c.load(&RunId::new(id)).await?;
-    Ok(Json(http::StatusView::of(&s)))
+    let view = c.peek(&RunId::new(id), http::StatusView::of).await?;
+    Ok(Json(view))
 }
 
 /// The status without the job list: cheap enough to poll while a large fan-out runs.
@@ -308,8 +308,8 @@ async fn run_summary(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<http::RunSummary>> {
-    let s = c.load(&RunId::new(id)).await?;
-    Ok(Json(http::RunSummary::of(&s)))
+    let summary = c.peek(&RunId::new(id), http::RunSummary::of).await?;
+    Ok(Json(summary))
 }
 
 #[utoipa::path(

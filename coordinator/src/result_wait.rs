@@ -80,15 +80,16 @@ pub(crate) async fn run_result(
     // Subscribed before the first look, so a commit between the look and the wait is heard.
     let mut changes = c.run_changed.subscribe();
     loop {
-        let state = c.load(&run).await?;
-        if let Some(outcome) = outcome_of(&state) {
+        // A look, not a copy: the waiter looks at every commit of what may be a big run.
+        let (outcome, status) = c.peek(&run, |s| (outcome_of(s), s.status)).await?;
+        if let Some(outcome) = outcome {
             return Ok(Json(outcome));
         }
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return Err(ApiError(
                 StatusCode::CONFLICT,
-                format!("run is {:?}", state.status).to_lowercase(),
+                format!("run is {status:?}").to_lowercase(),
                 vec![],
             ));
         }

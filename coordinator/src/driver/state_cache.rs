@@ -45,6 +45,12 @@ impl StateCache {
         Some(((*state).clone(), version))
     }
 
+    /// The held state itself, shared (a look that copies nothing).
+    pub(super) fn share(&self, run: &RunId) -> Option<(Arc<RunState>, u64)> {
+        let runs = self.runs.lock().expect("state cache");
+        runs.get(run).map(|(s, v, _)| (s.clone(), *v))
+    }
+
     pub(super) fn put(&self, state: RunState, version: u64, weight: Weight) {
         let mut runs = self.runs.lock().expect("state cache");
         if runs.len() >= HELD_RUNS && !runs.contains_key(&state.run_id) {
@@ -79,6 +85,22 @@ impl Coordinator {
     /// The run's state (the held copy while the store's head names it).
     pub async fn load(&self, run: &RunId) -> Result<RunState, DriverError> {
         Ok(self.load_versioned(run).await?.0)
+    }
+
+    /// `look` at the run's state without copying it while this coordinator holds it (and the
+    /// store's head still names it); loaded from the store otherwise. For readers that need a
+    /// little of a big run often (a waiter looking for its end at every commit).
+    pub async fn peek<T>(
+        &self,
+        run: &RunId,
+        look: impl FnOnce(&RunState) -> T,
+    ) -> Result<T, DriverError> {
+        if let Some((state, version)) = self.states.share(run) {
+            if current(&state, version, self.store.head(run).await?.as_ref()) {
+                return Ok(look(&state));
+            }
+        }
+        Ok(look(&self.load(run).await?))
     }
 
     /// The run's state to commit on: the held one when the store's head still names it.

@@ -106,3 +106,32 @@ async fn a_delta_that_does_not_follow_or_does_not_read_fails_the_load() {
     assert!(err.contains("a stored delta does not read"), "{err}");
     reader.stop().await;
 }
+
+#[tokio::test]
+async fn a_look_at_a_held_run_sees_it_only_while_the_store_still_names_it() {
+    let cluster = Cluster::new(ok);
+    let c = cluster.coordinator("c1");
+    let run = start_run(&c.coord, WAIT, json!({})).await;
+    cluster
+        .wait_run(&run, "awaiting the approval", |s| {
+            !s.awaiting_approval().is_empty()
+        })
+        .await;
+    let coord = c.coord.clone();
+    c.stop().await;
+    let loaded = coord.load(&run).await.unwrap();
+    let looked = coord.peek(&run, |s| s.clone()).await.unwrap();
+    assert_eq!(looked, loaded, "the held state, as a load gives it");
+    // Another writer moves the store on: the held state is stale and never shown; the look
+    // goes to the store (whose forged delta fails the load).
+    let version = cluster.store.head(&run).await.unwrap().unwrap().0;
+    let forged = json!({"prev": "not-the-last-commit", "id": "x", "events": []}).to_string();
+    let appended = cluster.store.append(&run, version, "x", &forged, &[]).await;
+    assert_eq!(appended.unwrap(), CasOutcome::Committed);
+    let err = coord.peek(&run, |s| s.status).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("follows commit `not-the-last-commit`"),
+        "{err}"
+    );
+}
