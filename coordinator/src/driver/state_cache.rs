@@ -95,8 +95,11 @@ impl Coordinator {
         run: &RunId,
         look: impl FnOnce(&RunState) -> T,
     ) -> Result<T, DriverError> {
+        // The head first: a held state is shared only for the look itself, never across an
+        // await (a commit that takes a state a reader shares must copy it).
+        let head = self.store.head(run).await?;
         if let Some((state, version)) = self.states.share(run) {
-            if current(&state, version, self.store.head(run).await?.as_ref()) {
+            if current(&state, version, head.as_ref()) {
                 return Ok(look(&state));
             }
         }
@@ -123,10 +126,11 @@ impl Coordinator {
         &self,
         run: &RunId,
     ) -> Result<Option<(RunState, u64)>, DriverError> {
+        let head = self.store.head(run).await?;
         let Some(held) = self.states.copy(run) else {
             return Ok(None);
         };
-        Ok(current(&held.0, held.1, self.store.head(run).await?.as_ref()).then_some(held))
+        Ok(current(&held.0, held.1, head.as_ref()).then_some(held))
     }
 }
 
