@@ -3,9 +3,12 @@
 //! the commit before them fail the load loudly instead of giving a wrong state.
 
 use super::cluster::{ok, start_run, Cluster};
+use crate::driver::Coordinator;
 use serde_json::json;
 use shared::engine::Applied;
+use shared::ids::RunId;
 use shared::ports::{CasOutcome, RunStore};
+use std::sync::Arc;
 
 const WAIT: &str = r#"
 name: wait
@@ -32,6 +35,21 @@ nodes:
   r4: {kind: approval, routes: [{to: done}]}
   done: {kind: exit, status: r4.ok}
 "#;
+
+/// A run of `WAIT` waiting at its approval, its coordinator stopped (it still holds the state).
+async fn stopped_at_the_approval() -> (Cluster, Arc<Coordinator>, RunId) {
+    let cluster = Cluster::new(ok);
+    let c = cluster.coordinator("c1");
+    let run = start_run(&c.coord, WAIT, json!({})).await;
+    cluster
+        .wait_run(&run, "awaiting the approval", |s| {
+            !s.awaiting_approval().is_empty()
+        })
+        .await;
+    let coord = c.coord.clone();
+    c.stop().await;
+    (cluster, coord, run)
+}
 
 #[tokio::test]
 async fn a_replayed_run_is_the_state_its_coordinator_committed() {
@@ -68,15 +86,7 @@ async fn a_replayed_run_is_the_state_its_coordinator_committed() {
 
 #[tokio::test]
 async fn a_delta_that_does_not_follow_or_does_not_read_fails_the_load() {
-    let cluster = Cluster::new(ok);
-    let c = cluster.coordinator("c1");
-    let run = start_run(&c.coord, WAIT, json!({})).await;
-    cluster
-        .wait_run(&run, "awaiting the approval", |s| {
-            !s.awaiting_approval().is_empty()
-        })
-        .await;
-    c.stop().await;
+    let (cluster, _, run) = stopped_at_the_approval().await;
     let version = cluster.store.head(&run).await.unwrap().unwrap().0;
     let forged = json!({"prev": "not-the-last-commit", "id": "x", "events": []}).to_string();
     let appended = cluster.store.append(&run, version, "x", &forged, &[]).await;
@@ -89,15 +99,7 @@ async fn a_delta_that_does_not_follow_or_does_not_read_fails_the_load() {
     );
     reader.stop().await;
 
-    let cluster = Cluster::new(ok);
-    let c = cluster.coordinator("c1");
-    let run = start_run(&c.coord, WAIT, json!({})).await;
-    cluster
-        .wait_run(&run, "awaiting the approval", |s| {
-            !s.awaiting_approval().is_empty()
-        })
-        .await;
-    c.stop().await;
+    let (cluster, _, run) = stopped_at_the_approval().await;
     let version = cluster.store.head(&run).await.unwrap().unwrap().0;
     let appended = cluster.store.append(&run, version, "y", "{junk", &[]).await;
     assert_eq!(appended.unwrap(), CasOutcome::Committed);
@@ -109,16 +111,7 @@ async fn a_delta_that_does_not_follow_or_does_not_read_fails_the_load() {
 
 #[tokio::test]
 async fn a_look_at_a_held_run_sees_it_only_while_the_store_still_names_it() {
-    let cluster = Cluster::new(ok);
-    let c = cluster.coordinator("c1");
-    let run = start_run(&c.coord, WAIT, json!({})).await;
-    cluster
-        .wait_run(&run, "awaiting the approval", |s| {
-            !s.awaiting_approval().is_empty()
-        })
-        .await;
-    let coord = c.coord.clone();
-    c.stop().await;
+    let (cluster, coord, run) = stopped_at_the_approval().await;
     let loaded = coord.load(&run).await.unwrap();
     let looked = coord.peek(&run, |s| s.clone()).await.unwrap();
     assert_eq!(looked, loaded, "the held state, as a load gives it");
