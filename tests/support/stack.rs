@@ -399,6 +399,19 @@ impl Stack {
         Ok(())
     }
 
+    /// SIGTERM, as an orderly stop: waits for the worker to exit.
+    pub fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        self.signal_worker(id, "-TERM")?;
+        let p = self
+            .workers
+            .get_mut(id)
+            .ok_or_else(|| anyhow!("no worker {id}"))?;
+        if let Some(mut c) = p.child.take() {
+            c.wait()?;
+        }
+        Ok(())
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
         let p = self

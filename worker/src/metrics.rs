@@ -1,7 +1,8 @@
 //! Prometheus metrics of a worker. Labels stay bounded: kinds and statuses, never ids.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 use shared::graph::NodeKind;
 use shared::messages::{JobStatus, Usage};
@@ -26,6 +27,11 @@ pub struct Metrics {
     /// Job folders removed by the sweeps: `start` (left by an earlier process) or `stale`.
     pub job_dirs_removed: IntCounterVec,
     step_cache: IntCounterVec,
+    /// Containers started for jobs by a warm pool, by how: `warm` (handed from the pool) or
+    /// `cold` (none of the job's kind was ready).
+    pub containers: IntCounterVec,
+    /// Warm containers ready now.
+    pub warm_ready: IntGauge,
 }
 
 impl Metrics {
@@ -106,6 +112,22 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let containers = IntCounterVec::new(
+            Opts::new(
+                "fleet_worker_containers_total",
+                "containers started for jobs with a warm pool (warm: handed from it; cold: created for the job)",
+            ),
+            &["start"],
+        )
+        .expect("valid metric");
+        let warm_ready = IntGauge::new(
+            "fleet_worker_warm_containers",
+            "warm containers started ahead and ready for a job",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(warm_ready.clone()))
+            .expect("unique metric");
         for c in [&panics, &disk_quota] {
             registry
                 .register(Box::new(c.clone()))
@@ -120,6 +142,7 @@ impl Metrics {
             &failures,
             &job_dirs_removed,
             &step_cache,
+            &containers,
         ] {
             registry
                 .register(Box::new(c.clone()))
@@ -141,6 +164,8 @@ impl Metrics {
             disk_quota,
             job_dirs_removed,
             step_cache,
+            containers,
+            warm_ready,
         }
     }
 

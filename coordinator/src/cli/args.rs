@@ -90,6 +90,10 @@ pub struct WorkerArgs {
     /// Image checked at startup with the Docker sandbox (empty: no check).
     #[arg(long, env = "FLEET_AGENT_IMAGE", default_value = "fleet-agent-py:1")]
     pub agent_image: String,
+    /// Containers kept started ahead per kind of job (image, worktree mode, mounts), each
+    /// handed to one job only (0: every container is created for its job).
+    #[arg(long, env = "FLEET_WARM_CONTAINERS", default_value_t = 0)]
+    pub warm_containers: usize,
 }
 
 #[derive(Args, Clone)]

@@ -19,6 +19,7 @@ use worker::blobs::Blobs;
 use worker::rabbitmq::RabbitBroker;
 use worker::runner::{Runner, WorkerConfig};
 use worker::sandbox::docker::DockerSandbox;
+use worker::sandbox::warm::WarmPool;
 use worker::sandbox::Sandbox;
 
 /// RabbitMQ, waited for.
@@ -49,6 +50,8 @@ async fn open_store(b: &Backends, wait: Duration) -> anyhow::Result<Blobs> {
 async fn connect_docker(
     config: &WorkerConfig,
     image: &str,
+    warm: usize,
+    metrics: &worker::metrics::Metrics,
     wait: Duration,
 ) -> anyhow::Result<Arc<dyn Sandbox>> {
     let address = docker_address();
@@ -77,6 +80,12 @@ async fn connect_docker(
             }
         })
         .await?;
+    }
+    if warm > 0 {
+        let root = config.work_dir.join("warm");
+        info!(per_kind = warm, "warm containers kept ahead");
+        let pool = WarmPool::new(docker, root, warm, &config.id, metrics.clone());
+        return Ok(Arc::new(pool));
     }
     Ok(Arc::new(docker))
 }
@@ -179,14 +188,17 @@ pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
     config.llm.gate = Some(worker::quota::FleetGate::new(Arc::new(ledger), fleet_rate));
     let broker = Arc::new(connect_broker(&a.backends, wait).await?);
     let blobs = open_store(&a.backends, wait).await?;
+    let metrics = worker::metrics::Metrics::new();
     let sandbox = match a.worker.sandbox {
-        SandboxChoice::Docker => connect_docker(&config, &a.agent_image, wait).await?,
+        SandboxChoice::Docker => {
+            let warm = a.warm_containers;
+            connect_docker(&config, &a.agent_image, warm, &metrics, wait).await?
+        }
         choice => {
             embedded::connect_sandbox(choice, config.limits.clone(), config.sandbox_user.clone())
                 .await?
         }
     };
-    let metrics = worker::metrics::Metrics::new();
     let runner = Arc::new(Runner::new(config, blobs, sandbox, metrics.clone())?);
     let listener = tokio::net::TcpListener::bind(&a.metrics_listen)
         .await
@@ -208,7 +220,9 @@ pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
         stop_signal().await;
         token.cancel();
     });
+    let sandbox = runner.sandbox.clone();
     worker::consumer::serve(runner, broker, shutdown).await;
+    sandbox.shutdown().await;
     Ok(0)
 }
 

@@ -102,7 +102,7 @@ pub(super) fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Random enough to tell two processes of one worker id apart (std only: the hasher's keys are
 /// random per process).
-pub(super) fn process_nonce() -> String {
+pub(crate) fn process_nonce() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());

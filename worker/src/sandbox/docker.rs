@@ -15,8 +15,9 @@ use super::{
 use async_trait::async_trait;
 use bollard::container::{
     Config, CreateContainerOptions, ListContainersOptions, LogOutput, RemoveContainerOptions,
+    RenameContainerOptions,
 };
-use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::HostConfig;
 use bollard::Docker;
 use futures::StreamExt;
@@ -86,19 +87,9 @@ impl DockerSandbox {
     pub async fn has_image(&self, image: &str) -> bool {
         self.docker.inspect_image(image).await.is_ok()
     }
-}
 
-#[async_trait]
-impl Sandbox for DockerSandbox {
-    fn name(&self) -> &'static str {
-        "docker"
-    }
-
-    async fn image_id(&self, image: &str) -> Result<Option<String>, SandboxError> {
-        Ok(self.docker.inspect_image(image).await?.id)
-    }
-
-    async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
+    /// Creates and starts the container of `spec` (what `start` boxes; the warm pool keeps it).
+    pub(crate) async fn launch(&self, spec: &SandboxSpec) -> Result<DockerSession, SandboxError> {
         // Checked at the worker's start too; a container never runs as root whoever calls.
         let (uid, _) = check_user(&self.user).map_err(SandboxError::Refused)?;
         if !self.has_image(&spec.image).await {
@@ -189,7 +180,22 @@ impl Sandbox for DockerSandbox {
             return Err(e.into());
         }
         debug!(container = %spec.name, "container started");
-        Ok(Box::new(session))
+        Ok(session)
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn image_id(&self, image: &str) -> Result<Option<String>, SandboxError> {
+        Ok(self.docker.inspect_image(image).await?.id)
+    }
+
+    async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
+        Ok(Box::new(self.launch(spec).await?))
     }
 
     async fn reap(&self, worker_id: &str) -> Result<usize, SandboxError> {
@@ -237,7 +243,7 @@ fn force() -> RemoveContainerOptions {
     }
 }
 
-struct DockerSession {
+pub(crate) struct DockerSession {
     docker: Docker,
     id: String,
     limits: Limits,
@@ -245,6 +251,48 @@ struct DockerSession {
     gateway: bool,
     /// The sandbox user: every exec runs as it, never as the keeper.
     user: String,
+}
+
+impl DockerSession {
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Gives the container the name of the execution it now serves (a warm container is
+    /// created under a name of the pool's).
+    pub(crate) async fn rename(&self, name: &str) -> Result<(), SandboxError> {
+        let options = RenameContainerOptions { name };
+        Ok(self.docker.rename_container(&self.id, options).await?)
+    }
+
+    /// Ends the container `after` from now even if its worker dies: a warm container's own
+    /// `sleep` was started for the pool's lifetime, not the job's. The keeper's, so the job's
+    /// `kill -9 -1` cannot stop it; its TERM to the init ends the keeper and the container.
+    pub(crate) async fn arm_watchdog(&self, after: Duration) -> Result<(), SandboxError> {
+        let (uid, _) = check_user(&self.user).map_err(SandboxError::Refused)?;
+        let secs = after.as_secs().max(1);
+        let exec = self
+            .docker
+            .create_exec(
+                &self.id,
+                CreateExecOptions {
+                    cmd: Some(
+                        ["sh", "-c", &format!("sleep {secs}; kill -TERM 1")]
+                            .map(String::from)
+                            .to_vec(),
+                    ),
+                    user: Some(keeper_user(uid)),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let detached = StartExecOptions {
+            detach: true,
+            ..Default::default()
+        };
+        self.docker.start_exec(&exec.id, Some(detached)).await?;
+        Ok(())
+    }
 }
 
 #[async_trait]

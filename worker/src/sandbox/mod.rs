@@ -1,10 +1,11 @@
 //! The sandbox port: a throwaway place to run a job's commands with its worktree mounted.
-//! `docker` is the real adapter (bollard); `local` runs host processes and exists only for the
+//! `docker` is the real adapter (bollard), `warm` a pool of its containers started ahead; `local` runs host processes and exists only for the
 //! embedded mode when the user asks for it by name.
 
 pub mod disk;
 pub mod docker;
 pub mod local;
+pub mod warm;
 
 use async_trait::async_trait;
 use std::path::PathBuf;
@@ -163,6 +164,9 @@ pub trait Sandbox: Send + Sync {
     /// cache's keys; none when the sandbox cannot name what it runs (host processes).
     async fn image_id(&self, image: &str) -> Result<Option<String>, SandboxError>;
     fn name(&self) -> &'static str;
+    /// Releases what the sandbox holds ahead of jobs (a warm pool's containers); called once
+    /// the worker has stopped taking jobs.
+    async fn shutdown(&self) {}
 }
 
 #[async_trait]

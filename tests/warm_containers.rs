@@ -1,0 +1,201 @@
+//! The warm pool on the real stack (`FLEET_WARM_CONTAINERS`): jobs after the first of their
+//! kind run in containers started before they were submitted, each container serves one job
+//! only (nothing a job leaves in its container reaches the next), a read-only worktree stays
+//! read-only, and the pool's containers do not outlive their worker: drained when it stops,
+//! reaped when it was killed. (The step cache is off: every probe must run.)
+
+use fleet_tests::stack::{containers, Stack};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const GRAPH: &str = r#"
+name: warm-probe
+start: probe
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 60
+nodes:
+  probe:
+    kind: command
+    commands:
+      - "sh -c 'echo host=$(hostname); echo tmp=$(ls -A /tmp | tr \"\\n\" ,); echo file=$(cat probe.txt); touch /tmp/left-behind; (sleep 600 >/dev/null 2>&1 &); if echo x > written.txt 2>/dev/null; then echo wrote; else echo read-only; fi'"
+    worktree: { from: base, mode: ro }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: probe.ok
+"#;
+
+fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let st = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(dir)
+        .status()?;
+    anyhow::ensure!(st.success(), "git {args:?}");
+    Ok(())
+}
+
+fn repo(dir: &Path, content: &str) -> anyhow::Result<String> {
+    let r = dir.join("repo");
+    std::fs::create_dir_all(&r)?;
+    git(&r, &["init", "-q"])?;
+    std::fs::write(r.join("probe.txt"), content)?;
+    git(&r, &["add", "."])?;
+    git(&r, &["commit", "-qm", "probe"])?;
+    Ok(r.display().to_string())
+}
+
+/// What the probe printed, as `key=value` pairs.
+struct Probe {
+    host: String,
+    tmp: String,
+    file: String,
+    wrote: bool,
+}
+
+async fn probe(stack: &Stack, graph: &str, repo: &str) -> anyhow::Result<Probe> {
+    let input = stack.dir.path().join("in.json");
+    // A new input each time: the same submission twice is one run.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::fs::write(&input, format!("{{\"probe\": {n}}}"))?;
+    let input = input.display().to_string();
+    let script = stack.dir.path().join("script.json");
+    std::fs::write(&script, "{}")?;
+    let script = script.display().to_string();
+    let out = stack.cli(&[
+        "submit", "--graph", graph, "--repo", repo, "--input", &input, "--script", &script,
+    ])?;
+    anyhow::ensure!(out.code == 0, "{}", out.stderr);
+    let run = out.stdout.trim().to_string();
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    anyhow::ensure!(status["status"] == "succeeded", "{status}");
+    let stdout = stack
+        .node_artifact_text(&run, "probe", 1, "logs/command_0.stdout")
+        .await?;
+    let field = |k: &str| -> String {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    Ok(Probe {
+        host: field("host"),
+        tmp: field("tmp"),
+        file: field("file"),
+        wrote: stdout.lines().any(|l| l == "wrote"),
+    })
+}
+
+fn warm_of(worker: &str) -> Vec<String> {
+    let mut found = containers("fleet.warm=1");
+    let mine = containers(&format!("fleet.worker={worker}"));
+    found.retain(|c| mine.contains(c));
+    found
+}
+
+/// Waits until the worker's pool holds a ready container (its gauge), and checks that Docker
+/// shows exactly one warm container of the worker.
+async fn ready(stack: &Stack, worker: &str) -> anyhow::Result<()> {
+    let gauge = "fleet_worker_warm_containers";
+    stack
+        .wait_for_metric(worker, gauge, &[], 1.0, Duration::from_secs(30))
+        .await?;
+    anyhow::ensure!(warm_of(worker).len() == 1, "{:?}", warm_of(worker));
+    Ok(())
+}
+
+async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ok() {
+        anyhow::ensure!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_containers_serve_one_job_each_and_go_with_their_worker() -> anyhow::Result<()> {
+    let mut stack = Stack::start_with(
+        "warm",
+        1,
+        1,
+        &[("FLEET_WARM_CONTAINERS", "1"), ("FLEET_STEP_CACHE", "off")],
+    )
+    .await?;
+    let worker = stack.worker_ids()[0].clone();
+    let dir = stack.dir.path().join("g");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("graph.yaml"), GRAPH)?;
+    let graph = dir.join("graph.yaml").display().to_string();
+    let secret = format!("content-{}", std::process::id());
+    let repo = repo(stack.dir.path(), &secret)?;
+
+    // The first job of its kind starts cold; the pool is filled for the next one.
+    let first = probe(&stack, &graph, &repo).await?;
+    assert_eq!(first.file, secret, "the job's worktree is mounted");
+    let mut hosts = vec![first.host.clone()];
+    for _ in 0..3 {
+        ready(&stack, &worker).await?;
+        let ready = warm_of(&worker);
+        let p = probe(&stack, &graph, &repo).await?;
+        let total = "fleet_worker_containers_total";
+        let warm = stack
+            .worker_metric(&worker, total, &[("start", "warm")])
+            .await?;
+        let cold = stack
+            .worker_metric(&worker, total, &[("start", "cold")])
+            .await?;
+        assert_eq!(
+            cold, 1.0,
+            "only the first job started a container of its own"
+        );
+        assert!(
+            ready.iter().any(|id| id.starts_with(&p.host)),
+            "the job ran in the container started before it ({}), not in {ready:?}",
+            p.host
+        );
+        assert_eq!(p.file, secret, "the job's worktree was handed in");
+        assert_eq!(warm, hosts.len() as f64, "every later job was handed one");
+        assert_eq!(p.tmp, "", "nothing of another job's is in the container");
+        assert!(!p.wrote, "a read-only worktree stays read-only when warm");
+        assert!(!hosts.contains(&p.host), "a container served two jobs");
+        hosts.push(p.host);
+    }
+    // Every job's container is gone with its job, its leftover process too.
+    for h in &hosts {
+        let all = containers("fleet.worker");
+        assert!(
+            !all.iter().any(|c| c.starts_with(h.as_str())),
+            "container {h} outlived its job"
+        );
+    }
+
+    // A worker that stops drains its pool.
+    ready(&stack, &worker).await?;
+    stack.stop_worker(&worker)?;
+    wait_until("the stopped worker's pool is drained", || {
+        warm_of(&worker).is_empty()
+    })
+    .await?;
+
+    // A worker killed with its pool full: its restart reaps the pool it left.
+    stack.start_worker(&worker)?;
+    probe(&stack, &graph, &repo).await?;
+    ready(&stack, &worker).await?;
+    let left = warm_of(&worker);
+    stack.kill_worker(&worker)?;
+    assert_eq!(warm_of(&worker), left, "a killed worker drains nothing");
+    stack.start_worker(&worker)?;
+    wait_until("the killed worker's pool is reaped on restart", || {
+        !warm_of(&worker).iter().any(|c| left.contains(c))
+    })
+    .await?;
+    let again = probe(&stack, &graph, &repo).await?;
+    assert_eq!(again.file, secret);
+    Ok(())
+}
