@@ -30,6 +30,8 @@ pub struct Options {
     pub prefetch: u16,
     pub workers: usize,
     pub concurrency: usize,
+    /// Coordinators side by side on the namespace (1 or more).
+    pub coordinators: usize,
 }
 
 pub(crate) async fn quorum(ch: &Channel, name: &str) -> anyhow::Result<()> {
@@ -245,7 +247,10 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     let redis = redis_limit(o.n).await?;
     eprintln!("redis limit: {redis:.0} job writes/s");
 
-    let stack = Stack::start_with("limit", o.workers, o.concurrency, &[]).await?;
+    let mut stack = Stack::start_with("limit", o.workers, o.concurrency, &[]).await?;
+    for _ in 1..o.coordinators {
+        stack.start_extra_coordinator()?;
+    }
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
     let graph = workspace_root()
         .join("graphs/bench/fanout.yaml")
@@ -258,6 +263,9 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     std::fs::write(&input, serde_json::to_vec(&json!({"items": items}))?)?;
     let mut processes: Vec<(String, u32)> = Vec::new();
     if let Some(pid) = stack.coordinator_pid() {
+        processes.push(("coordinator".into(), pid));
+    }
+    for pid in stack.extra_coordinator_pids() {
         processes.push(("coordinator".into(), pid));
     }
     for pid in stack.worker_pids() {
@@ -364,7 +372,8 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             "cpu_ms_per_job": per_job_ms,
             "coordinator_commit_ms_per_job": phases, "commits": commits,
             "mirror_writes": mirror, "coordinator_peak_rss_mib": coordinator_peak_rss_mib,
-            "workers": o.workers, "concurrency": o.concurrency})
+            "workers": o.workers, "concurrency": o.concurrency,
+            "coordinators": o.coordinators})
     );
     Ok(())
 }

@@ -328,6 +328,14 @@ impl Stack {
         self.coordinator.child.as_ref().map(|c| c.id())
     }
 
+    /// The process ids of the coordinators started with `start_extra_coordinator`.
+    pub fn extra_coordinator_pids(&self) -> Vec<u32> {
+        self.extra_coordinators
+            .iter()
+            .filter_map(|c| c.child.as_ref().map(|c| c.id()))
+            .collect()
+    }
+
     /// The process ids of the running workers.
     pub fn worker_pids(&self) -> Vec<u32> {
         self.workers

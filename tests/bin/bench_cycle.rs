@@ -1,0 +1,237 @@
+//! fleet-bench's default mode: the container cycle and the fleet's per-job overhead, each
+//! side by side in one run.
+//!
+//! 1. The cycle `start → exec true → remove` three ways, interleaved one for one: a container
+//!    created for the job through bollard (cold), one handed from the warm pool (the pool
+//!    refills in the background while the job runs, as on a worker), and `docker run --rm`
+//!    from the CLI.
+//! 2. One trivial command job per run (`graphs/bench/noop-command.yaml`), sequential, on a
+//!    stack without the pool and on one with it: submit to result, minus the worker's own
+//!    measure of the container's life; then the same jobs submitted at once.
+
+use super::{chrono_secs, stats, IMAGE};
+use fleet_tests::stack::{make_calc_repo, workspace_root, Stack};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use worker::metrics::Metrics;
+use worker::sandbox::docker::DockerSandbox;
+use worker::sandbox::warm::WarmPool;
+use worker::sandbox::{Limits, Sandbox, SandboxSpec};
+
+const USER: &str = "10001:10001";
+
+pub async fn run(cycles: usize, jobs: usize) -> anyhow::Result<()> {
+    println!("# fleet-bench: {cycles} container cycles, {jobs} fleet jobs\n");
+    cycle(cycles).await?;
+    for warm in [0, 2] {
+        per_job(jobs, warm).await?;
+    }
+    Ok(())
+}
+
+fn spec(tag: &str, i: usize, worktree: PathBuf) -> SandboxSpec {
+    SandboxSpec {
+        name: format!("fleet-bench-{}-{tag}-{i}", std::process::id()),
+        image: IMAGE.into(),
+        worktree,
+        writable: false,
+        harness_dir: None,
+        network: false,
+        gateway_dir: None,
+        lifetime: Duration::from_secs(60),
+        labels: vec![("fleet.worker".into(), "bench".into())],
+    }
+}
+
+/// `start → exec true → remove` through `sandbox`, timed.
+async fn one(sandbox: &dyn Sandbox, spec: &SandboxSpec) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let s = sandbox.start(spec).await?;
+    let out = s
+        .exec(&["true".into()], None, Duration::from_secs(30))
+        .await?;
+    anyhow::ensure!(out.exit_code == 0, "`true` failed: {out:?}");
+    s.remove().await?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+async fn wait_ready(pool: &WarmPool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pool.ready() == 0 {
+        anyhow::ensure!(Instant::now() < deadline, "the warm pool never refilled");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+async fn cycle(cycles: usize) -> anyhow::Result<()> {
+    let cold = DockerSandbox::connect(Limits::default(), USER.into()).await?;
+    let dir = tempfile::tempdir()?;
+    let metrics = Metrics::new();
+    let pool = WarmPool::new(
+        DockerSandbox::connect(Limits::default(), USER.into()).await?,
+        dir.path().join("warm"),
+        1,
+        "bench",
+        metrics.clone(),
+    );
+    // The pool's first container of this kind: the pool fills from here.
+    let first = dir.path().join("wt-first");
+    std::fs::create_dir(&first)?;
+    one(&pool, &spec("prime", 0, first)).await?;
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty)?;
+    let (mut cold_t, mut warm_t, mut cli_t) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..cycles {
+        wait_ready(&pool).await?;
+        let wt = dir.path().join(format!("wt-{i}"));
+        std::fs::create_dir(&wt)?;
+        warm_t.push(one(&pool, &spec("warm", i, wt)).await?);
+        // The refill it started is done before the other two are timed.
+        wait_ready(&pool).await?;
+        cold_t.push(one(&cold, &spec("cold", i, empty.clone())).await?);
+        let t = Instant::now();
+        let st = Command::new("docker")
+            .args(["run", "--rm", "--network", "none", IMAGE, "true"])
+            .status()?;
+        anyhow::ensure!(st.success(), "docker run failed");
+        cli_t.push(t.elapsed().as_secs_f64());
+    }
+    let handed = metrics
+        .containers
+        .with_label_values(&["warm"])
+        .get()
+        .to_string();
+    pool.shutdown().await;
+    anyhow::ensure!(
+        handed == cycles.to_string(),
+        "only {handed} of {cycles} warm starts were handed a warm container"
+    );
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let (cold_mean, warm_mean, cli_mean) = (mean(&cold_t), mean(&warm_t), mean(&cli_t));
+    println!("## Container cycle (ms)\n");
+    println!("| path | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
+    println!(
+        "{}",
+        stats("bollard, cold: create+start+exec+remove", &mut cold_t)
+    );
+    println!(
+        "{}",
+        stats("bollard, warm pool: hand-out+exec+remove", &mut warm_t)
+    );
+    println!("{}", stats("docker run --rm (CLI)", &mut cli_t));
+    println!(
+        "\nratio to the CLI (mean): cold {:.2}, warm {:.2}\n",
+        cold_mean / cli_mean,
+        warm_mean / cli_mean
+    );
+    Ok(())
+}
+
+/// Sequential trivial command jobs on a stack whose workers keep `warm` containers per kind
+/// (0: none), then the same number submitted at once.
+async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
+    let warm_env = warm.to_string();
+    let stack = Stack::start("bench", 2, &[("FLEET_WARM_CONTAINERS", &warm_env)]).await?;
+    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
+    let graph = workspace_root()
+        .join("graphs/bench/noop-command.yaml")
+        .display()
+        .to_string();
+    let script = stack.dir.path().join("script.json");
+    std::fs::write(&script, "{}")?;
+    let script = script.display().to_string();
+    let submit = |i: usize, tag: &str| -> anyhow::Result<String> {
+        let input = stack.dir.path().join(format!("input-{tag}-{i}.json"));
+        std::fs::write(&input, format!("{{\"i\": {i}, \"tag\": \"{tag}\"}}"))?;
+        let out = stack.cli(&[
+            "submit",
+            "--graph",
+            &graph,
+            "--repo",
+            &repo,
+            "--input",
+            &input.display().to_string(),
+            "--script",
+            &script,
+        ])?;
+        anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+        Ok(out.stdout.trim().to_string())
+    };
+    // Warm the workers' git caches and the image (and fill the pools: one job per worker).
+    for i in 0..2 {
+        let first = submit(i, "first")?;
+        stack.wait_run(&first, Duration::from_secs(60)).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let (mut wall, mut overhead, mut container) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..jobs {
+        let t = Instant::now();
+        let run = submit(i, "seq")?;
+        let st = stack
+            .wait_run_every(&run, Duration::from_secs(60), Duration::from_millis(5))
+            .await?;
+        let w = t.elapsed().as_secs_f64();
+        anyhow::ensure!(st["status"] == "succeeded", "{st}");
+        let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
+        let started = chrono_secs(logs[0]["started_at"].as_str().unwrap_or_default());
+        let finished = chrono_secs(logs[0]["finished_at"].as_str().unwrap_or_default());
+        let c = container_seconds(&stack, &logs)
+            .await
+            .unwrap_or(finished - started);
+        wall.push(w);
+        container.push(c);
+        overhead.push(w - c);
+    }
+    let how = if warm == 0 {
+        "without the warm pool".to_string()
+    } else {
+        format!("with the warm pool ({warm} per kind of job)")
+    };
+    println!("## Fleet: one trivial command job per run, sequential, {how} (ms)\n");
+    println!("submit (a `fleet submit` process: graph load, repo pack, upload) → result seen by polling the API every 5 ms.\n");
+    println!("| measure | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
+    println!("{}", stats("submit → result (wall)", &mut wall));
+    println!(
+        "{}",
+        stats("container start → remove (worker)", &mut container)
+    );
+    println!(
+        "{}",
+        stats("fleet overhead = wall − container", &mut overhead)
+    );
+    if warm > 0 {
+        let (mut handed, mut cold) = (0.0, 0.0);
+        for w in stack.worker_ids() {
+            let total = "fleet_worker_containers_total";
+            handed += stack.worker_metric(&w, total, &[("start", "warm")]).await?;
+            cold += stack.worker_metric(&w, total, &[("start", "cold")]).await?;
+        }
+        println!("\ncontainers handed from the pool: {handed}, created for their job: {cold}");
+    }
+
+    let t = Instant::now();
+    let runs: Vec<String> = (0..jobs)
+        .map(|i| submit(i, "par"))
+        .collect::<Result<_, _>>()?;
+    for r in &runs {
+        stack.wait_run(r, Duration::from_secs(300)).await?;
+    }
+    let total = t.elapsed().as_secs_f64();
+    println!(
+        "\n## Fleet: {jobs} runs submitted at once, 2 workers × concurrency 2, {how}\n\ntotal {:.2} s, {:.1} jobs/s\n",
+        total,
+        jobs as f64 / total
+    );
+    Ok(())
+}
+
+/// The worker's own measure of the container's life, from the run's status view.
+async fn container_seconds(stack: &Stack, logs: &serde_json::Value) -> Option<f64> {
+    let job = logs[0]["job_id"].as_str()?;
+    let run = job.split('.').next()?;
+    let view = stack.get(&format!("/v1/runs/{run}")).await.ok()?;
+    view["jobs"][0]["container_seconds"].as_f64()
+}
