@@ -264,3 +264,42 @@ async fn a_program_that_floods_the_gateway_with_connections_is_held_to_its_cap(
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_agent_in_a_warm_container_reaches_the_gateway_moved_into_it(
+) -> anyhow::Result<()> {
+    // The warm container mounts a folder of the pool's; the job's gateway folder, with the
+    // socket the worker listens on, is moved into it when the container is handed out.
+    let llm = FakeLlm::start(vec![
+        ScriptedReply::text("DONE").with_usage(10, 1),
+        ScriptedReply::text("warm DONE").with_usage(10, 1),
+    ])
+    .await?;
+    let stack = stack_with(&llm, "cmdwarm", &[("FLEET_WARM_CONTAINERS", "1")]).await?;
+    let worker = stack.worker_ids()[0].clone();
+    let yaml = graph_yaml(&["ask"]);
+    let (_, first) = run_with_prompt(&stack, &yaml, "First. Say DONE.", &[]).await?;
+    assert_eq!(first["status"], "succeeded", "{first}");
+    let gauge = "fleet_worker_warm_containers";
+    stack
+        .wait_for_metric(&worker, gauge, &[], 1.0, Duration::from_secs(30))
+        .await?;
+    let (id, second) = run_with_prompt(&stack, &yaml, "Second. Say DONE.", &[]).await?;
+    assert_eq!(second["status"], "succeeded", "{second}");
+    let total = "fleet_worker_containers_total";
+    let warm = stack
+        .worker_metric(&worker, total, &[("start", "warm")])
+        .await?;
+    assert_eq!(warm, 1.0, "the second job was handed a warm container");
+    let output = stack
+        .node_artifact_json(&id, "ask", 1, "output.json")
+        .await?;
+    assert_eq!(output["replies"], json!(["warm DONE"]));
+    assert!(!output["evidence"].to_string().contains(KEY));
+    assert_eq!(
+        output["evidence"]["env"]["FLEET_LLM_SOCKET"],
+        "/run/fleet-llm/llm.sock"
+    );
+    assert_eq!(llm.requests().len(), 2);
+    Ok(())
+}
