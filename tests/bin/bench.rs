@@ -14,6 +14,8 @@
 //!        fleet-bench limit [--n N] [--prefetch P] [--workers W] [--concurrency C]
 //!            [--coordinators K]  (the broker's and Redis's own limit per job against the
 //!            fleet: `bench_limit.rs`)
+//!        fleet-bench worktree [--files N] [--rounds R]  (a job's worktree against `git clone
+//!            --local`: `bench_worktree.rs`)
 //!        fleet-bench roundtrip [--n N]  (one job's round trip, submit to result, against the
 //!            broker's own: `bench_roundtrip.rs`)
 //!        fleet-bench service [--runs N] [--reads N] [--clients C] [--fan N]  (the team service:
@@ -35,6 +37,8 @@ mod bench_roundtrip;
 mod bench_service;
 #[path = "bench_tree.rs"]
 mod bench_tree;
+#[path = "bench_worktree.rs"]
+mod bench_worktree;
 
 use fleet_tests::stack::{make_calc_repo, workspace_root, Stack};
 use std::time::{Duration, Instant};
@@ -83,6 +87,9 @@ async fn main() -> anyhow::Result<()> {
                 coordinators: arg("--coordinators", 1),
             })
             .await
+        }
+        Some("worktree") => {
+            return bench_worktree::run(arg("--files", 10_000), arg("--rounds", 10)).await
         }
         Some("roundtrip") => return bench_roundtrip::run(arg("--n", 200)).await,
         Some("service") => {

@@ -133,7 +133,13 @@ async fn cycle(cycles: usize) -> anyhow::Result<()> {
 /// (0: none), then the same number submitted at once.
 async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
     let warm_env = warm.to_string();
-    let stack = Stack::start("bench", 2, &[("FLEET_WARM_CONTAINERS", &warm_env)]).await?;
+    // The step cache off: every job runs its container (the same command on the same tree
+    // would otherwise be reused from the first).
+    let env = [
+        ("FLEET_WARM_CONTAINERS", warm_env.as_str()),
+        ("FLEET_STEP_CACHE", "off"),
+    ];
+    let stack = Stack::start("bench", 2, &env).await?;
     let repo = make_calc_repo(stack.dir.path())?.display().to_string();
     let graph = workspace_root()
         .join("graphs/bench/noop-command.yaml")

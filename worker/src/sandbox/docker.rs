@@ -243,6 +243,7 @@ fn force() -> RemoveContainerOptions {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct DockerSession {
     docker: Docker,
     id: String,
@@ -256,6 +257,21 @@ pub(crate) struct DockerSession {
 impl DockerSession {
     pub(crate) fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Kills the container and waits until it has stopped (Docker's kill without a signal:
+    /// SIGKILL, then the wait): every process of the job is gone, the container is not yet
+    /// removed.
+    pub(crate) async fn stop(&self) -> Result<(), SandboxError> {
+        match self.docker.kill_container::<String>(&self.id, None).await {
+            Ok(()) => Ok(()),
+            // Gone already, or no longer running.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404 | 409,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Gives the container the name of the execution it now serves (a warm container is

@@ -10,7 +10,8 @@
 //! `sleep`; it is never handed out twice, never returned to the pool, and removed with its
 //! job. Its lock-down is the cold path's (one `launch`). Its lifetime is bounded by the job's
 //! once handed out (a watchdog of the keeper's), and a container too old to serve the job's
-//! whole lifetime is not handed out (the job starts cold).
+//! whole lifetime is not handed out (the job starts cold). A job's container is killed (and
+//! waited for) when the job ends; its removal goes on off the job's path.
 
 use super::docker::{DockerSandbox, DockerSession, WORKER_LABEL};
 use super::{ExecOutput, Mounts, Sandbox, SandboxError, SandboxSpec, Session};
@@ -244,13 +245,17 @@ impl WarmPool {
             .pool()
             .handed
             .insert(spec.name.clone(), warm.session.id().to_string());
-        // The job's own bound on the container's life, and its name for whoever looks.
-        if let Err(e) = warm.session.arm_watchdog(spec.lifetime).await {
-            warn!(container = %spec.name, error = %e, "could not bound a warm container's lifetime");
-        }
-        if let Err(e) = warm.session.rename(&spec.name).await {
-            debug!(container = %spec.name, error = %e, "could not rename a warm container");
-        }
+        // The job's own bound on the container's life, and its name for whoever looks: off the
+        // job's path (a container removed meanwhile makes both fail, which is fine).
+        let (session, name, lifetime) = (warm.session.clone(), spec.name.clone(), spec.lifetime);
+        tokio::spawn(async move {
+            if let Err(e) = session.arm_watchdog(lifetime).await {
+                debug!(container = %name, error = %e, "could not bound a warm container's lifetime");
+            }
+            if let Err(e) = session.rename(&name).await {
+                debug!(container = %name, error = %e, "could not rename a warm container");
+            }
+        });
         Ok(WarmSession {
             session: warm.session,
             name: spec.name.clone(),
@@ -443,10 +448,23 @@ impl Session for WarmSession {
         self.session.exec(argv, stdin, timeout).await
     }
 
+    /// The container is killed and waited for (nothing of the job runs once this returns);
+    /// its removal, the slow part of Docker's cycle, goes on in the background.
     async fn remove(&self) -> Result<(), SandboxError> {
-        let removed = self.session.remove().await;
-        self.inner.pool().handed.remove(&self.name);
-        removed
+        if let Err(e) = self.session.stop().await {
+            warn!(container = %self.name, error = %e, "could not kill a container; removing it");
+            let removed = self.session.remove().await;
+            self.inner.pool().handed.remove(&self.name);
+            return removed;
+        }
+        let (session, inner, name) = (self.session.clone(), self.inner.clone(), self.name.clone());
+        tokio::spawn(async move {
+            if let Err(e) = session.remove().await {
+                warn!(container = %name, error = %e, "could not remove a stopped container");
+            }
+            inner.pool().handed.remove(&name);
+        });
+        Ok(())
     }
 
     fn mounts(&self) -> Mounts {

@@ -1,0 +1,121 @@
+//! fleet-bench worktree: a job's worktree materialised by the worker against `git clone
+//! --local` of the same repository, side by side in one run (issue 13, item 5).
+//!
+//! A repository of `--files` files (100 per folder, ~200 bytes each) is committed with the git
+//! CLI and packed as a submission is; the pack goes to S3. The worker's git cache then takes
+//! it once (download, index into its mirror, check out: a job's first worktree of this repo on
+//! a worker), and after that every round times, interleaved one for one, a checkout from the
+//! mirror into a fresh job folder (`GitCache::materialize`: what every later job of the repo
+//! costs) and `git clone --local -q` (hard links to the objects, then git's own checkout).
+
+use super::stats;
+use fleet_tests::stack::{s3_blobs, unique_namespace};
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+use worker::git::{pack_commit, GitCache};
+
+fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("git")
+        .args(["-c", "user.name=bench", "-c", "user.email=bench@localhost"])
+        .args(args)
+        .current_dir(dir)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+fn make_repo(dir: &Path, files: usize) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    git(dir, &["init", "-q"])?;
+    for i in 0..files {
+        let folder = dir.join(format!("pkg{:03}", i / 100));
+        if i % 100 == 0 {
+            std::fs::create_dir_all(&folder)?;
+        }
+        let body = format!("def f{i}(x):\n    return x + {i}\n").repeat(6);
+        std::fs::write(folder.join(format!("m{i:05}.py")), body)?;
+    }
+    git(dir, &["add", "-A"])?;
+    git(dir, &["commit", "-qm", "bench"])?;
+    Ok(())
+}
+
+pub async fn run(files: usize, rounds: usize) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let repo = tmp.path().join("repo");
+    make_repo(&repo, files)?;
+    let out = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(&repo)
+        .output()?;
+    let commit = String::from_utf8(out.stdout)?.trim().to_string();
+    let packed = pack_commit(&repo, &commit)?;
+    let ns = unique_namespace("wt");
+    let blobs = s3_blobs(&ns);
+    let key = format!("packs/{commit}.pack");
+    blobs.put(&key, packed.pack).await?;
+
+    let cache = GitCache::open(&tmp.path().join("cache"))?;
+    let t = Instant::now();
+    cache
+        .ensure_packs(&blobs, std::slice::from_ref(&key))
+        .await?;
+    let first = cache
+        .materialize(&commit, &tmp.path().join("job-first"))
+        .await?;
+    let first_secs = t.elapsed().as_secs_f64();
+    let checked = worker::git::files_on_disk(&first.dir)?;
+    anyhow::ensure!(
+        checked.len() == files,
+        "{} files checked out",
+        checked.len()
+    );
+
+    let (mut fleet, mut clone) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        let t = Instant::now();
+        cache
+            .materialize(&commit, &tmp.path().join(format!("job-{i}")))
+            .await?;
+        fleet.push(t.elapsed().as_secs_f64());
+
+        let dest = tmp.path().join(format!("clone-{i}"));
+        let t = Instant::now();
+        let st = Command::new("git")
+            .args(["clone", "--local", "-q"])
+            .arg(&repo)
+            .arg(&dest)
+            .status()?;
+        anyhow::ensure!(st.success(), "git clone --local failed");
+        clone.push(t.elapsed().as_secs_f64());
+        // Both trees gone before the next round: the page cache and the disk see the same.
+        std::fs::remove_dir_all(&dest)?;
+        std::fs::remove_dir_all(tmp.path().join(format!("job-{i}")))?;
+    }
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let ratio = mean(&fleet) / mean(&clone);
+    println!("## Worktree of a {files}-file repository (ms)\n");
+    println!("| path | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
+    println!(
+        "{}",
+        stats("worker: checkout from its mirror (a later job)", &mut fleet)
+    );
+    println!("{}", stats("git clone --local", &mut clone));
+    println!(
+        "\nratio worker / clone (mean): {ratio:.2}; the repository's first job on a worker \
+         (download, index, checkout): {:.0} ms\n",
+        first_secs * 1e3
+    );
+    println!(
+        "{}",
+        serde_json::json!({"bench": "worktree", "files": files, "rounds": rounds,
+            "worker_ms": mean(&fleet) * 1e3, "clone_ms": mean(&clone) * 1e3,
+            "ratio": ratio, "first_ms": first_secs * 1e3})
+    );
+    Ok(())
+}
