@@ -24,8 +24,11 @@ const USER: &str = "10001:10001";
 pub async fn run(cycles: usize, jobs: usize) -> anyhow::Result<()> {
     println!("# fleet-bench: {cycles} container cycles, {jobs} fleet jobs\n");
     cycle(cycles).await?;
+    let only_cycle = std::env::args().any(|a| a == "--cycle-only");
     for warm in [0, 2] {
-        per_job(jobs, warm).await?;
+        if !only_cycle {
+            per_job(jobs, warm).await?;
+        }
     }
     Ok(())
 }
@@ -44,16 +47,35 @@ fn spec(tag: &str, i: usize, worktree: PathBuf) -> SandboxSpec {
     }
 }
 
-/// `start → exec true → remove` through `sandbox`, timed.
-async fn one(sandbox: &dyn Sandbox, spec: &SandboxSpec) -> anyhow::Result<f64> {
+/// `start → exec true → remove` through `sandbox`, timed: the whole and each of the three.
+async fn one(sandbox: &dyn Sandbox, spec: &SandboxSpec) -> anyhow::Result<Phases> {
     let t = Instant::now();
     let s = sandbox.start(spec).await?;
+    let started = t.elapsed().as_secs_f64();
     let out = s
         .exec(&["true".into()], None, Duration::from_secs(30))
         .await?;
     anyhow::ensure!(out.exit_code == 0, "`true` failed: {out:?}");
+    let execd = t.elapsed().as_secs_f64();
     s.remove().await?;
-    Ok(t.elapsed().as_secs_f64())
+    let total = t.elapsed().as_secs_f64();
+    Ok(Phases {
+        total,
+        parts: [started, execd - started, total - execd],
+    })
+}
+
+/// One cycle's time, and its start, exec and remove.
+struct Phases {
+    total: f64,
+    parts: [f64; 3],
+}
+
+/// The mean of each phase, in ms.
+fn phase_means(xs: &[Phases]) -> String {
+    let n = xs.len() as f64;
+    let m = |i: usize| xs.iter().map(|p| p.parts[i]).sum::<f64>() / n * 1e3;
+    format!("start {:.1} / exec {:.1} / remove {:.1}", m(0), m(1), m(2))
 }
 
 async fn wait_ready(pool: &WarmPool) -> anyhow::Result<()> {
@@ -80,17 +102,18 @@ async fn cycle(cycles: usize) -> anyhow::Result<()> {
     let first = dir.path().join("wt-first");
     std::fs::create_dir(&first)?;
     one(&pool, &spec("prime", 0, first)).await?;
+    let handed_before = metrics.containers.with_label_values(&["warm"]).get();
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty)?;
-    let (mut cold_t, mut warm_t, mut cli_t) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cold_p, mut warm_p, mut cli_t) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..cycles {
         wait_ready(&pool).await?;
         let wt = dir.path().join(format!("wt-{i}"));
         std::fs::create_dir(&wt)?;
-        warm_t.push(one(&pool, &spec("warm", i, wt)).await?);
+        warm_p.push(one(&pool, &spec("warm", i, wt)).await?);
         // The refill it started is done before the other two are timed.
         wait_ready(&pool).await?;
-        cold_t.push(one(&cold, &spec("cold", i, empty.clone())).await?);
+        cold_p.push(one(&cold, &spec("cold", i, empty.clone())).await?);
         let t = Instant::now();
         let st = Command::new("docker")
             .args(["run", "--rm", "--network", "none", IMAGE, "true"])
@@ -98,16 +121,15 @@ async fn cycle(cycles: usize) -> anyhow::Result<()> {
         anyhow::ensure!(st.success(), "docker run failed");
         cli_t.push(t.elapsed().as_secs_f64());
     }
-    let handed = metrics
-        .containers
-        .with_label_values(&["warm"])
-        .get()
-        .to_string();
+    let handed =
+        (metrics.containers.with_label_values(&["warm"]).get() - handed_before).to_string();
     pool.shutdown().await;
     anyhow::ensure!(
         handed == cycles.to_string(),
         "only {handed} of {cycles} warm starts were handed a warm container"
     );
+    let mut cold_t: Vec<f64> = cold_p.iter().map(|p| p.total).collect();
+    let mut warm_t: Vec<f64> = warm_p.iter().map(|p| p.total).collect();
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
     let (cold_mean, warm_mean, cli_mean) = (mean(&cold_t), mean(&warm_t), mean(&cli_t));
     println!("## Container cycle (ms)\n");
@@ -122,9 +144,14 @@ async fn cycle(cycles: usize) -> anyhow::Result<()> {
     );
     println!("{}", stats("docker run --rm (CLI)", &mut cli_t));
     println!(
-        "\nratio to the CLI (mean): cold {:.2}, warm {:.2}\n",
+        "\nratio to the CLI (mean): cold {:.2}, warm {:.2}",
         cold_mean / cli_mean,
         warm_mean / cli_mean
+    );
+    println!(
+        "phases (mean ms): cold {}; warm {} (the warm remove is Docker's kill and its wait; the removal goes on after)\n",
+        phase_means(&cold_p),
+        phase_means(&warm_p)
     );
     Ok(())
 }

@@ -17,7 +17,7 @@ use bollard::container::{
     Config, CreateContainerOptions, ListContainersOptions, LogOutput, RemoveContainerOptions,
     RenameContainerOptions,
 };
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::HostConfig;
 use bollard::Docker;
 use futures::StreamExt;
@@ -279,35 +279,6 @@ impl DockerSession {
     pub(crate) async fn rename(&self, name: &str) -> Result<(), SandboxError> {
         let options = RenameContainerOptions { name };
         Ok(self.docker.rename_container(&self.id, options).await?)
-    }
-
-    /// Ends the container `after` from now even if its worker dies: a warm container's own
-    /// `sleep` was started for the pool's lifetime, not the job's. The keeper's, so the job's
-    /// `kill -9 -1` cannot stop it; its TERM to the init ends the keeper and the container.
-    pub(crate) async fn arm_watchdog(&self, after: Duration) -> Result<(), SandboxError> {
-        let (uid, _) = check_user(&self.user).map_err(SandboxError::Refused)?;
-        let secs = after.as_secs().max(1);
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(
-                        ["sh", "-c", &format!("sleep {secs}; kill -TERM 1")]
-                            .map(String::from)
-                            .to_vec(),
-                    ),
-                    user: Some(keeper_user(uid)),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        let detached = StartExecOptions {
-            detach: true,
-            ..Default::default()
-        };
-        self.docker.start_exec(&exec.id, Some(detached)).await?;
-        Ok(())
     }
 }
 

@@ -8,9 +8,10 @@
 //!
 //! What holds: one container per execution. A warm container has run nothing but its keeper's
 //! `sleep`; it is never handed out twice, never returned to the pool, and removed with its
-//! job. Its lock-down is the cold path's (one `launch`). Its lifetime is bounded by the job's
-//! once handed out (a watchdog of the keeper's), and a container too old to serve the job's
-//! whole lifetime is not handed out (the job starts cold). A job's container is killed (and
+//! job. Its lock-down is the cold path's (one `launch`). Its keeper's `sleep` bounds its life
+//! ([`WARM_LIFETIME`], also when its worker dies), and a container too old to serve the job's
+//! whole lifetime is not handed out (the job starts cold). (A watchdog bounding it to the
+//! job's own lifetime was one more `exec`, ~50 ms of the job's path on this machine.) A job's container is killed (and
 //! waited for) when the job ends; its removal goes on off the job's path.
 
 use super::docker::{DockerSandbox, DockerSession, WORKER_LABEL};
@@ -25,9 +26,11 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// How long a warm container's keeper sleeps: the most any container of the pool lives.
-pub const WARM_LIFETIME: Duration = Duration::from_secs(30 * 60);
+/// Jobs of the default timeout (600 s, a lifetime of 660 s) are served by containers up to
+/// 9 minutes old; a container whose worker died ends by itself within this.
+pub const WARM_LIFETIME: Duration = Duration::from_secs(20 * 60);
 /// A warm container idle this long is removed rather than handed out (and replaced).
-pub const IDLE_LIMIT: Duration = Duration::from_secs(20 * 60);
+pub const IDLE_LIMIT: Duration = Duration::from_secs(5 * 60);
 /// The label every warm container carries besides the worker's.
 pub const WARM_LABEL: &str = "fleet.warm";
 
@@ -148,53 +151,54 @@ impl WarmPool {
     pub fn ready(&self) -> usize {
         self.inner.pool().ready.values().map(VecDeque::len).sum()
     }
+}
 
-    /// Creates containers of `shape` until the pool holds `size` of them (ready or being
-    /// created), one at a time, in the background.
-    fn refill(&self, shape: Shape) {
-        let inner = self.inner.clone();
-        tokio::spawn(async move {
-            loop {
-                {
-                    let mut pool = inner.pool();
-                    let have = pool.ready.get(&shape).map_or(0, VecDeque::len)
-                        + pool.filling.get(&shape).copied().unwrap_or(0);
-                    if pool.closed || have >= inner.size {
-                        return;
-                    }
-                    *pool.filling.entry(shape.clone()).or_default() += 1;
+/// Creates containers of `shape` until the pool holds `size` of them (ready or being created),
+/// one at a time, in the background.
+fn refill(inner: Arc<Inner>, shape: Shape) {
+    tokio::spawn(async move {
+        loop {
+            {
+                let mut pool = inner.pool();
+                let have = pool.ready.get(&shape).map_or(0, VecDeque::len)
+                    + pool.filling.get(&shape).copied().unwrap_or(0);
+                if pool.closed || have >= inner.size {
+                    return;
                 }
-                let made = create(&inner, &shape).await;
-                // Kept when the pool is open; otherwise handed back to be removed.
-                let left = {
-                    let mut pool = inner.pool();
-                    if let Some(n) = pool.filling.get_mut(&shape) {
-                        *n = n.saturating_sub(1);
+                *pool.filling.entry(shape.clone()).or_default() += 1;
+            }
+            let made = create(&inner, &shape).await;
+            // Kept when the pool is open; otherwise handed back to be removed.
+            let left = {
+                let mut pool = inner.pool();
+                if let Some(n) = pool.filling.get_mut(&shape) {
+                    *n = n.saturating_sub(1);
+                }
+                match made {
+                    Ok(warm) if !pool.closed => {
+                        pool.ready.entry(shape.clone()).or_default().push_back(warm);
+                        inner.count(&pool);
+                        None
                     }
-                    match made {
-                        Ok(warm) if !pool.closed => {
-                            pool.ready.entry(shape.clone()).or_default().push_back(warm);
-                            inner.count(&pool);
-                            None
-                        }
-                        other => Some(other),
-                    }
-                };
-                match left {
-                    None => {}
-                    Some(Ok(warm)) => {
-                        discard(warm).await;
-                        return;
-                    }
-                    Some(Err(e)) => {
-                        warn!(image = %shape.image, error = %e, "could not create a warm container");
-                        return;
-                    }
+                    other => Some(other),
+                }
+            };
+            match left {
+                None => {}
+                Some(Ok(warm)) => {
+                    discard(warm).await;
+                    return;
+                }
+                Some(Err(e)) => {
+                    warn!(image = %shape.image, error = %e, "could not create a warm container");
+                    return;
                 }
             }
-        });
-    }
+        }
+    });
+}
 
+impl WarmPool {
     /// A ready container of the shape that may serve `needed`; stale ones met on the way are
     /// removed.
     async fn take(&self, shape: &Shape, needed: Duration) -> Option<Warm> {
@@ -220,7 +224,12 @@ impl WarmPool {
     }
 
     /// Hands a warm container to `spec`: its folders' contents moved into the container's.
-    async fn hand_out(&self, warm: Warm, spec: &SandboxSpec) -> Result<WarmSession, Warm> {
+    async fn hand_out(
+        &self,
+        warm: Warm,
+        spec: &SandboxSpec,
+        shape: Shape,
+    ) -> Result<WarmSession, Warm> {
         let moves = [
             Some((spec.worktree.clone(), warm.dir.join("wt"))),
             spec.harness_dir
@@ -245,13 +254,10 @@ impl WarmPool {
             .pool()
             .handed
             .insert(spec.name.clone(), warm.session.id().to_string());
-        // The job's own bound on the container's life, and its name for whoever looks: off the
-        // job's path (a container removed meanwhile makes both fail, which is fine).
-        let (session, name, lifetime) = (warm.session.clone(), spec.name.clone(), spec.lifetime);
+        // The job's name for whoever looks, off the job's path (a container removed meanwhile
+        // makes it fail, which is fine).
+        let (session, name) = (warm.session.clone(), spec.name.clone());
         tokio::spawn(async move {
-            if let Err(e) = session.arm_watchdog(lifetime).await {
-                debug!(container = %name, error = %e, "could not bound a warm container's lifetime");
-            }
             if let Err(e) = session.rename(&name).await {
                 debug!(container = %name, error = %e, "could not rename a warm container");
             }
@@ -259,6 +265,7 @@ impl WarmPool {
         Ok(WarmSession {
             session: warm.session,
             name: spec.name.clone(),
+            shape,
             inner: self.inner.clone(),
         })
     }
@@ -368,10 +375,10 @@ impl Sandbox for WarmPool {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         let shape = Shape::of(spec);
-        let warm = self.take(&shape, spec.lifetime).await;
-        self.refill(shape);
-        if let Some(warm) = warm {
-            match self.hand_out(warm, spec).await {
+        // A warm container's kind is refilled once its job has ended (so the creation does
+        // not compete with the job); a kind with none ready, at once.
+        if let Some(warm) = self.take(&shape, spec.lifetime).await {
+            match self.hand_out(warm, spec, shape.clone()).await {
                 Ok(session) => {
                     debug!(container = %spec.name, "warm container handed out");
                     self.inner
@@ -384,6 +391,7 @@ impl Sandbox for WarmPool {
                 Err(warm) => discard(warm).await,
             }
         }
+        refill(self.inner.clone(), shape);
         self.inner
             .metrics
             .containers
@@ -434,6 +442,8 @@ impl Sandbox for WarmPool {
 struct WarmSession {
     session: DockerSession,
     name: String,
+    /// Its kind, refilled once it is gone.
+    shape: Shape,
     inner: Arc<Inner>,
 }
 
@@ -455,14 +465,17 @@ impl Session for WarmSession {
             warn!(container = %self.name, error = %e, "could not kill a container; removing it");
             let removed = self.session.remove().await;
             self.inner.pool().handed.remove(&self.name);
+            refill(self.inner.clone(), self.shape.clone());
             return removed;
         }
         let (session, inner, name) = (self.session.clone(), self.inner.clone(), self.name.clone());
+        let shape = self.shape.clone();
         tokio::spawn(async move {
             if let Err(e) = session.remove().await {
                 warn!(container = %name, error = %e, "could not remove a stopped container");
             }
             inner.pool().handed.remove(&name);
+            refill(inner, shape);
         });
         Ok(())
     }
@@ -541,7 +554,12 @@ mod tests {
     fn a_warm_container_serves_only_jobs_its_keeper_outlives() {
         let min = Duration::from_secs(60);
         assert!(may_serve(Duration::ZERO, min));
-        assert!(may_serve(Duration::from_secs(600), min));
+        assert!(may_serve(Duration::from_secs(200), min));
+        let default_job = Duration::from_secs(660);
+        assert!(
+            may_serve(Duration::from_secs(299), default_job),
+            "a job of the default timeout"
+        );
         assert!(!may_serve(IDLE_LIMIT, min), "idle too long");
         assert!(
             !may_serve(Duration::from_secs(10), WARM_LIFETIME),
