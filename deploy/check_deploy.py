@@ -343,8 +343,8 @@ def registered_metrics():
         text = path.read_text()
         named = set(re.findall(r'"(fleet_[a-z0-9_]+)"', text))
         found = {}
-        for m in re.finditer(r'IntCounter::new\(\s*"(fleet_[a-z0-9_]+)"', text):
-            found[m.group(1)] = ("counter", [])
+        for m in re.finditer(r'Int(Counter|Gauge)::new\(\s*"(fleet_[a-z0-9_]+)"', text):
+            found[m.group(2)] = (m.group(1).lower(), [])
         vec = re.compile(
             r'(Histogram)?Opts::new\(\s*"(fleet_[a-z0-9_]+)"\s*,\s*"(?:[^"\\]|\\.)*"\s*,?\s*\)'
             r'(?:\s*\.buckets\(vec!\[[^\]]*\]\))?\s*,\s*&\[([^\]]*)\]'
