@@ -495,6 +495,7 @@ async fn containers_run_docker_init_which_reaps_zombies_and_survives_the_job_kil
         image: "fleet-agent-py:1".into(),
         worktree: dir.path().to_path_buf(),
         writable: false,
+        shared_worktree: false,
         harness_dir: None,
         network: false,
         gateway_dir: None,

@@ -32,6 +32,9 @@ pub struct Metrics {
     pub containers: IntCounterVec,
     /// Warm containers ready now.
     pub warm_ready: IntGauge,
+    /// Worktrees of jobs, by how: `private` (checked out for the job), `shared_new` (the
+    /// commit's shared checkout made for it), `shared` (an existing shared checkout reused).
+    pub worktrees: IntCounterVec,
 }
 
 impl Metrics {
@@ -120,6 +123,14 @@ impl Metrics {
             &["start"],
         )
         .expect("valid metric");
+        let worktrees = IntCounterVec::new(
+            Opts::new(
+                "fleet_worker_worktrees_total",
+                "worktrees of jobs (private: checked out for the job; shared_new: a commit's checkout for its read-only jobs made; shared: one reused)",
+            ),
+            &["how"],
+        )
+        .expect("valid metric");
         let warm_ready = IntGauge::new(
             "fleet_worker_warm_containers",
             "warm containers started ahead and ready for a job",
@@ -143,6 +154,7 @@ impl Metrics {
             &job_dirs_removed,
             &step_cache,
             &containers,
+            &worktrees,
         ] {
             registry
                 .register(Box::new(c.clone()))
@@ -166,6 +178,7 @@ impl Metrics {
             step_cache,
             containers,
             warm_ready,
+            worktrees,
         }
     }
 

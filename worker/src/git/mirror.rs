@@ -1,6 +1,7 @@
 //! The worker's bare mirror: packs from object storage indexed into it once each, and a fresh
 //! worktree per job checked out of it, whose git directory lives outside the mounted folder.
 
+use super::shared_checkout::{keep_from_env, Lease, SharedCheckouts};
 use super::{GitError, Worktree};
 use crate::blobs::Blobs;
 use git2::{build::CheckoutBuilder, Oid, Repository};
@@ -13,6 +14,9 @@ use tokio::sync::Mutex;
 pub struct GitCache {
     mirror: PathBuf,
     lock: Mutex<()>,
+    checkouts: SharedCheckouts,
+    /// Files per commit's tree, for the choice between a shared checkout and a warm container.
+    counts: Mutex<std::collections::HashMap<String, usize>>,
 }
 
 impl GitCache {
@@ -23,10 +27,57 @@ impl GitCache {
             Repository::init_bare(&mirror)?;
         }
         std::fs::create_dir_all(root.join("packs-indexed"))?;
+        let checkouts = SharedCheckouts::open(&root.join("checkouts"), keep_from_env())?;
         Ok(Self {
             mirror,
             lock: Mutex::new(()),
+            checkouts,
+            counts: Mutex::default(),
         })
+    }
+
+    /// How many files `commit`'s tree holds (its objects must be in the mirror); counted once
+    /// per commit.
+    pub async fn file_count(&self, commit: &str) -> Result<usize, GitError> {
+        if let Some(n) = self.counts.lock().await.get(commit) {
+            return Ok(*n);
+        }
+        let (mirror, c) = (self.mirror.clone(), commit.to_string());
+        let n = crate::safe_fs::blocking(move || {
+            let repo = Repository::open_bare(&mirror)?;
+            let tree = repo.find_commit(Oid::from_str(&c)?)?.tree()?;
+            let mut n = 0usize;
+            tree.walk(git2::TreeWalkMode::PreOrder, |_, e| {
+                if e.kind() == Some(git2::ObjectType::Blob) {
+                    n += 1;
+                }
+                git2::TreeWalkResult::Ok
+            })?;
+            Ok::<usize, GitError>(n)
+        })
+        .await?;
+        let mut counts = self.counts.lock().await;
+        if counts.len() >= 4096 {
+            counts.clear();
+        }
+        counts.insert(commit.to_string(), n);
+        Ok(n)
+    }
+
+    /// Whether read-only jobs may share a commit's checkout here (`FLEET_SHARED_CHECKOUTS`).
+    pub fn shares_checkouts(&self) -> bool {
+        self.checkouts.enabled()
+    }
+
+    /// A read-only worktree of `commit` on the checkout its read-only jobs share
+    /// (`shared_checkout.rs`), its git directory at `dest/git`; the lease keeps the checkout
+    /// while the job runs.
+    pub async fn materialize_shared(
+        &self,
+        commit: &str,
+        dest: &Path,
+    ) -> Result<(Worktree, Lease), GitError> {
+        self.checkouts.worktree(&self.mirror, commit, dest).await
     }
 
     fn marker(&self, key: &str) -> PathBuf {
@@ -73,6 +124,9 @@ impl GitCache {
         wt: &Worktree,
         branches: std::collections::BTreeMap<String, String>,
     ) -> Result<(), GitError> {
+        if wt.is_shared() {
+            return Err(GitError::SharedCheckout("expose"));
+        }
         let (mirror, dir, start) = (self.mirror.clone(), wt.dir.clone(), wt.head());
         crate::safe_fs::blocking(move || super::exposed::expose(&mirror, &dir, &start, &branches))
             .await
@@ -86,17 +140,23 @@ impl GitCache {
     }
 }
 
-fn materialize_at(mirror: &Path, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
-    let git_dir = dest.join("git");
-    let dir = dest.join("wt");
-    std::fs::create_dir_all(&dir)?;
-    Repository::init_bare(&git_dir)?;
+/// A bare git directory at `git_dir` that reads its objects from the mirror (alternates).
+pub(super) fn init_with_alternates(mirror: &Path, git_dir: &Path) -> Result<(), GitError> {
+    Repository::init_bare(git_dir)?;
     let alternates = git_dir.join("objects/info/alternates");
     std::fs::create_dir_all(alternates.parent().expect("has parent"))?;
     std::fs::write(
         &alternates,
         format!("{}\n", mirror.join("objects").display()),
     )?;
+    Ok(())
+}
+
+fn materialize_at(mirror: &Path, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
+    let git_dir = dest.join("git");
+    let dir = dest.join("wt");
+    std::fs::create_dir_all(&dir)?;
+    init_with_alternates(mirror, &git_dir)?;
     let repo = Repository::open_bare(&git_dir)?;
     repo.set_workdir(&dir, false)?;
     let oid = Oid::from_str(commit)?;
@@ -108,6 +168,7 @@ fn materialize_at(mirror: &Path, commit: &str, dest: &Path) -> Result<Worktree, 
         git_dir,
         base: oid,
         head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
+        shared: false,
     })
 }
 

@@ -11,12 +11,13 @@
 //! as git computes it (both sides of renames, modes), from a tree diff or a patch; `repo.rs`:
 //! packing a submitted repository and the clean-tree preflight; `exposed.rs`: the git directory
 //! of its own that a node asking for one (`worktree.git`) finds in its worktree, limited to the
-//! branches it named.
+//! branches it named; `shared_checkout.rs`: the checkout a commit's read-only jobs share.
 
 mod changes;
 mod exposed;
 mod mirror;
 mod repo;
+mod shared_checkout;
 #[cfg(test)]
 mod tests;
 mod upload;
@@ -25,6 +26,7 @@ mod worktree;
 pub use changes::patch_changes;
 pub use mirror::GitCache;
 pub use repo::{files_on_disk, pack_commit, pack_repository, resolve_clean, RepoPack};
+pub use shared_checkout::{Lease, SHARED_CHECKOUTS_ENV};
 pub use upload::{inspect_pack, UploadedCommit};
 pub use worktree::{PickOutcome, Worktree};
 
@@ -50,6 +52,9 @@ pub enum GitError {
     /// An uploaded pack refused: not a pack, or not holding what it is said to hold.
     #[error("the uploaded pack is refused: {0}")]
     Upload(String),
+    /// A change asked of a read-only checkout that a commit's jobs share.
+    #[error("the worktree is a checkout shared by read-only jobs: it cannot be changed ({0})")]
+    SharedCheckout(&'static str),
 }
 
 impl GitError {
@@ -74,7 +79,8 @@ impl GitError {
             GitError::Dirty(..)
             | GitError::Apply(_)
             | GitError::TooLarge(_)
-            | GitError::Upload(_) => false,
+            | GitError::Upload(_)
+            | GitError::SharedCheckout(_) => false,
             GitError::SafeFs(e) => matches!(e, crate::safe_fs::SafeFsError::Io { .. }),
         }
     }

@@ -21,6 +21,8 @@ pub struct Worktree {
     pub(super) base: Oid,
     /// Moves when a git step adds commits on top of the base.
     pub(super) head: std::sync::Arc<std::sync::Mutex<Oid>>,
+    /// The files are a checkout shared by a commit's read-only jobs: nothing may change them.
+    pub(super) shared: bool,
 }
 
 /// What a cherry-pick, squash-merge or rebase did.
@@ -54,6 +56,19 @@ impl Worktree {
         Ok(repo)
     }
 
+    /// Refuses `op` on a shared checkout.
+    fn mutable(&self, op: &'static str) -> Result<(), GitError> {
+        if self.shared {
+            return Err(GitError::SharedCheckout(op));
+        }
+        Ok(())
+    }
+
+    /// Whether the files are a checkout shared by a commit's read-only jobs.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
     pub fn base(&self) -> String {
         self.base.to_string()
     }
@@ -74,6 +89,7 @@ impl Worktree {
         commits: &[String],
         squash: Option<&str>,
     ) -> Result<PickOutcome, GitError> {
+        self.mutable("cherry pick")?;
         let repo = self.repo()?;
         let start = repo.find_commit(self.head_oid())?;
         let mut head = start.clone();
@@ -242,6 +258,7 @@ impl Worktree {
         commit: &str,
         covers: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<String>, GitError> {
+        self.mutable("restore paths")?;
         let repo = self.repo()?;
         let tree = repo.find_commit(Oid::from_str(commit)?)?.tree()?;
         let mut wanted: Vec<(String, Oid)> = Vec::new();
@@ -267,6 +284,7 @@ impl Worktree {
 
     /// Applies a unified diff to the working directory (`git apply` semantics, no unsafe paths).
     pub fn apply_patch(&self, diff: &str) -> Result<(), GitError> {
+        self.mutable("apply patch")?;
         let repo = self.repo()?;
         let parsed = git2::Diff::from_buffer(diff.as_bytes())
             .map_err(|e| GitError::Apply(e.message().to_string()))?;
@@ -277,6 +295,7 @@ impl Worktree {
     /// Commits every change of the working directory on top of the base. Deterministic: a fixed
     /// author and time, so the same change gives the same commit id. `None` when nothing changed.
     pub fn commit_all(&self, message: &str) -> Result<Option<String>, GitError> {
+        self.mutable("commit all")?;
         let repo = self.repo()?;
         let mut index = repo.index()?;
         index.add_all(["*"], IndexAddOption::DEFAULT, None)?;
@@ -297,6 +316,7 @@ impl Worktree {
     /// Moves the worktree to `commit`, a descendant of the base whose objects are in the mirror
     /// (a resumed session's last checkpoint): files, index and head as that commit has them.
     pub fn advance_to(&self, commit: &str) -> Result<(), GitError> {
+        self.mutable("advance to")?;
         let repo = self.repo()?;
         let oid = Oid::from_str(commit)?;
         if oid != self.base && !repo.graph_descendant_of(oid, self.base)? {
@@ -317,6 +337,7 @@ impl Worktree {
     /// Replaces the commits since the base by one commit of the head's tree (an incremental
     /// session's invocations become its job's one commit). `None` when nothing was committed.
     pub fn squash_since_base(&self, message: &str) -> Result<Option<String>, GitError> {
+        self.mutable("squash since base")?;
         let head = self.head_oid();
         if head == self.base {
             return Ok(None);

@@ -58,17 +58,33 @@ impl Runner {
             ))
         })?;
 
+        // Held until the execution ends: the shared checkout stays while this job reads it.
+        let mut _checkout_lease = None;
         let worktree = match &spec.worktree {
             Some(w) => {
                 self.git.ensure_packs(&self.blobs, &w.packs).await?;
-                let wt = self.git.materialize(&w.commit, dir).await?;
-                if let Some(branches) = &w.git {
-                    self.git.expose(&wt, branches.clone()).await?;
+                if self.shares_checkout(w, &node.body).await? {
+                    let (wt, lease) = self.git.materialize_shared(&w.commit, dir).await?;
+                    let how = if lease.created() {
+                        "shared_new"
+                    } else {
+                        "shared"
+                    };
+                    self.metrics.worktrees.with_label_values(&[how]).inc();
+                    _checkout_lease = Some(lease);
+                    Some(wt)
+                } else {
+                    self.metrics.worktrees.with_label_values(&["private"]).inc();
+                    let wt = self.git.materialize(&w.commit, dir).await?;
+                    if let Some(branches) = &w.git {
+                        self.git.expose(&wt, branches.clone()).await?;
+                    }
+                    Some(wt)
                 }
-                Some(wt)
             }
             None => None,
         };
+        let shared_worktree = worktree.as_ref().is_some_and(|wt| wt.is_shared());
         let mount = match &worktree {
             Some(wt) => wt.dir.clone(),
             None => {
@@ -81,7 +97,8 @@ impl Runner {
             .worktree
             .as_ref()
             .is_some_and(|w| w.mode == WorktreeMode::Rw);
-        {
+        // A shared checkout is only read (its files readable by all); nothing to give away.
+        if !shared_worktree {
             let (mount, user) = (mount.clone(), self.config.sandbox_user.clone());
             crate::safe_fs::blocking(move || hand_over(&mount, &user)).await;
         }
@@ -118,6 +135,7 @@ impl Runner {
                 image,
                 worktree: mount.clone(),
                 writable,
+                shared_worktree,
                 harness_dir: (spec.kind == NodeKind::Harness)
                     .then(|| harness_folder(dir, &self.config.sandbox_user))
                     .transpose()
@@ -246,6 +264,39 @@ impl Runner {
             _ => Ok(Executed::uncommitted(step, usage, container_seconds)),
         }
     }
+}
+
+/// With a warm pool, a read-only job of a commit of fewer files than this checks out a
+/// worktree of its own and takes a warm container (which saves more than the checkout costs);
+/// of more, it shares the commit's checkout and starts its container cold.
+pub const SHARE_OVER_WARM_FILES: usize = 2_000;
+
+impl Runner {
+    /// Whether this job reads the checkout its commit's read-only jobs share.
+    async fn shares_checkout(
+        &self,
+        w: &shared::messages::WorktreeSpec,
+        body: &NodeBody,
+    ) -> Result<bool, RunError> {
+        if !self.git.shares_checkouts() || !may_share_checkout(w, body) {
+            return Ok(false);
+        }
+        if !self.sandbox.keeps_warm() {
+            return Ok(true);
+        }
+        Ok(self.git.file_count(&w.commit).await? >= SHARE_OVER_WARM_FILES)
+    }
+}
+
+/// Whether a job may read the checkout its commit's read-only jobs share: a read-only worktree
+/// without a git directory of its own, for a step the worker never writes from its side (an
+/// agent, whose tools act inside its container; commands). Harness steps may restore tests,
+/// apply mutants or render files into a read-only worktree from the worker's side: never shared.
+pub(super) fn may_share_checkout(w: &shared::messages::WorktreeSpec, body: &NodeBody) -> bool {
+    w.mode == WorktreeMode::Ro
+        && !w.commit_out
+        && w.git.is_none()
+        && matches!(body, NodeBody::Agent(_) | NodeBody::Command { .. })
 }
 
 /// How the step ended.

@@ -289,3 +289,54 @@ fn a_folder_over_its_quota_fails_the_job_with_both_sizes() {
         }})
     );
 }
+
+#[test]
+fn only_read_only_steps_the_worker_never_writes_share_a_checkout() {
+    use super::execute::may_share_checkout;
+    use shared::graph::{HarnessOp, NodeBody, WorktreeMode};
+    use shared::messages::WorktreeSpec;
+    let ro = WorktreeSpec {
+        commit: "0".repeat(40),
+        run_base: None,
+        packs: vec![],
+        mode: WorktreeMode::Ro,
+        commit_out: false,
+        git: None,
+    };
+    let command = NodeBody::Command {
+        commands: vec!["true".into()],
+    };
+    assert!(may_share_checkout(&ro, &command));
+    let rw = WorktreeSpec {
+        mode: WorktreeMode::Rw,
+        ..ro.clone()
+    };
+    assert!(!may_share_checkout(&rw, &command), "a writer");
+    let own_git = WorktreeSpec {
+        git: Some([("base".to_string(), "0".repeat(40))].into()),
+        ..ro.clone()
+    };
+    assert!(
+        !may_share_checkout(&own_git, &command),
+        "a .git laid inside"
+    );
+    let committing = WorktreeSpec {
+        commit_out: true,
+        ..ro.clone()
+    };
+    assert!(!may_share_checkout(&committing, &command));
+    // Harness steps that write a read-only worktree from the worker's side (tests restored,
+    // mutants applied, files rendered), and every other harness step: never shared.
+    for op in [
+        HarnessOp::RunTests,
+        HarnessOp::RunMutants,
+        HarnessOp::RenderFiles,
+        HarnessOp::CheckBuild,
+        HarnessOp::Noop,
+    ] {
+        assert!(
+            !may_share_checkout(&ro, &NodeBody::Harness { op }),
+            "{op:?}"
+        );
+    }
+}

@@ -92,6 +92,11 @@ impl DockerSandbox {
     pub(crate) async fn launch(&self, spec: &SandboxSpec) -> Result<DockerSession, SandboxError> {
         // Checked at the worker's start too; a container never runs as root whoever calls.
         let (uid, _) = check_user(&self.user).map_err(SandboxError::Refused)?;
+        if spec.shared_worktree && spec.writable {
+            return Err(SandboxError::Refused(
+                "a checkout shared by read-only jobs is never mounted writable".into(),
+            ));
+        }
         if !self.has_image(&spec.image).await {
             return Err(SandboxError::MissingImage(spec.image.clone()));
         }

@@ -128,6 +128,9 @@ pub struct SandboxSpec {
     pub image: String,
     pub worktree: PathBuf,
     pub writable: bool,
+    /// The worktree is a checkout that a commit's read-only jobs share: mounted read-only
+    /// where it is, never moved into a warm container (such a job's container starts cold).
+    pub shared_worktree: bool,
     /// A folder of the harness's own (configs it pins, reports it reads), mounted read-write
     /// beside the worktree, never inside it.
     pub harness_dir: Option<PathBuf>,
@@ -167,6 +170,11 @@ pub trait Sandbox: Send + Sync {
     /// Releases what the sandbox holds ahead of jobs (a warm pool's containers); called once
     /// the worker has stopped taking jobs.
     async fn shutdown(&self) {}
+    /// Whether containers are started ahead of jobs whose folders are moved into them (a warm
+    /// pool): a job on a shared checkout cannot use one.
+    fn keeps_warm(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]

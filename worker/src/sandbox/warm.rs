@@ -302,6 +302,7 @@ async fn create(inner: &Inner, shape: &Shape) -> Result<Warm, SandboxError> {
         image: shape.image.clone(),
         worktree: dir.join("wt"),
         writable: shape.writable,
+        shared_worktree: false,
         harness_dir,
         network: shape.network,
         gateway_dir,
@@ -373,8 +374,21 @@ impl Sandbox for WarmPool {
         "docker"
     }
 
+    fn keeps_warm(&self) -> bool {
+        self.inner.size > 0
+    }
+
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         let shape = Shape::of(spec);
+        if spec.shared_worktree {
+            // Its worktree cannot be moved into a warm container's folder.
+            self.inner
+                .metrics
+                .containers
+                .with_label_values(&["cold"])
+                .inc();
+            return self.inner.docker.start(spec).await;
+        }
         // A warm container's kind is refilled once its job has ended (so the creation does
         // not compete with the job); a kind with none ready, at once.
         if let Some(warm) = self.take(&shape, spec.lifetime).await {
@@ -503,6 +517,7 @@ mod tests {
             image: "img:1".into(),
             worktree: "/w".into(),
             writable: false,
+            shared_worktree: false,
             harness_dir: None,
             network: false,
             gateway_dir: None,
@@ -516,6 +531,7 @@ mod tests {
         let ro = spec();
         let rw = SandboxSpec {
             writable: true,
+            shared_worktree: false,
             ..spec()
         };
         assert_ne!(Shape::of(&ro), Shape::of(&rw));

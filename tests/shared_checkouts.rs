@@ -1,0 +1,260 @@
+//! Checkouts shared by a commit's read-only jobs (issue 13, item 5), on the real stack: later
+//! read-only jobs of a commit read the files the first one checked out (the same inodes), none
+//! of them can change those files in any way, a read-write job of the same commit gets a
+//! worktree of its own whose changes never reach the shared one, a restarted worker trusts no
+//! checkout it left, and with a warm pool only a large commit is shared. (The step cache is
+//! off: every probe must run.)
+
+use fleet_tests::stack::Stack;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// A read-only probe that reports what it sees and tries every way of changing the worktree;
+/// then a read-write job of the same commit that changes it.
+const GRAPH: &str = r#"
+name: shared-probe
+start: probe
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 60
+nodes:
+  probe:
+    kind: command
+    commands:
+      - "sh -c 'echo ino=$(stat -c %i probe.txt); echo file=$(cat probe.txt); for how in \"echo x > probe.txt\" \"echo x >> probe.txt\" \"touch new.txt\" \"rm -f probe.txt\" \"chmod 777 probe.txt\" \"mv probe.txt moved.txt\" \"mkdir d\" \"ln -s /etc/passwd link\"; do if sh -c \"$how\" 2>/dev/null; then echo changed=$how; fi; done; echo after=$(cat probe.txt)'"
+    worktree: { from: base, mode: ro }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: probe.ok
+"#;
+
+const WRITER: &str = r#"
+name: shared-writer
+start: write
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 60
+nodes:
+  write:
+    kind: command
+    commands:
+      - "sh -c 'echo changed-by-a-writer > probe.txt; echo ino=$(stat -c %i probe.txt)'"
+    worktree: { from: base, mode: rw }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: write.ok
+"#;
+
+fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let st = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(dir)
+        .status()?;
+    anyhow::ensure!(st.success(), "git {args:?}");
+    Ok(())
+}
+
+/// A repository with `probe.txt` holding `content`, and `extra` more files.
+fn repo(dir: &Path, name: &str, content: &str, extra: usize) -> anyhow::Result<String> {
+    let r = dir.join(name);
+    std::fs::create_dir_all(r.join("many"))?;
+    git(&r, &["init", "-q"])?;
+    std::fs::write(r.join("probe.txt"), content)?;
+    for i in 0..extra {
+        std::fs::write(r.join("many").join(format!("f{i}.txt")), i.to_string())?;
+    }
+    git(&r, &["add", "."])?;
+    git(&r, &["commit", "-qm", "probe"])?;
+    Ok(r.display().to_string())
+}
+
+fn graph(stack: &Stack, name: &str, text: &str) -> anyhow::Result<String> {
+    let dir = stack.dir.path().join(name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("graph.yaml"), text)?;
+    Ok(dir.join("graph.yaml").display().to_string())
+}
+
+/// Runs `graph` on `repo` (a new input each time: the same submission twice is one run) and
+/// returns the `key=value` lines its one command printed.
+async fn run(stack: &Stack, graph: &str, node: &str, repo: &str) -> anyhow::Result<Vec<String>> {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let input = stack.dir.path().join(format!("in-{n}.json"));
+    std::fs::write(&input, format!("{{\"probe\": {n}}}"))?;
+    let script = stack.dir.path().join("script.json");
+    std::fs::write(&script, "{}")?;
+    let out = stack.cli(&[
+        "submit",
+        "--graph",
+        graph,
+        "--repo",
+        repo,
+        "--input",
+        &input.display().to_string(),
+        "--script",
+        &script.display().to_string(),
+    ])?;
+    anyhow::ensure!(out.code == 0, "{}", out.stderr);
+    let run = out.stdout.trim().to_string();
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    anyhow::ensure!(status["status"] == "succeeded", "{status}");
+    let stdout = stack
+        .node_artifact_text(&run, node, 1, "logs/command_0.stdout")
+        .await?;
+    Ok(stdout.lines().map(str::to_string).collect())
+}
+
+fn field(lines: &[String], key: &str) -> String {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn changed(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("changed="))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn worktrees(stack: &Stack, worker: &str, how: &str) -> anyhow::Result<f64> {
+    stack
+        .worker_metric(worker, "fleet_worker_worktrees_total", &[("how", how)])
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() -> anyhow::Result<()>
+{
+    let mut stack = Stack::start_with("shared", 1, 2, &[("FLEET_STEP_CACHE", "off")]).await?;
+    let worker = stack.worker_ids()[0].clone();
+    let probe = graph(&stack, "probe", GRAPH)?;
+    let writer = graph(&stack, "writer", WRITER)?;
+    let secret = format!("content-{}", std::process::id());
+    let repo = repo(stack.dir.path(), "repo", &secret, 10)?;
+
+    let first = run(&stack, &probe, "probe", &repo).await?;
+    assert_eq!(field(&first, "file"), secret, "the checkout is mounted");
+    assert_eq!(changed(&first), Vec::<String>::new(), "{first:?}");
+    assert_eq!(field(&first, "after"), secret);
+    assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 1.0);
+    let inode = field(&first, "ino");
+
+    // Later read-only jobs, one after another and two at once, read the same files.
+    let mut later = vec![run(&stack, &probe, "probe", &repo).await?];
+    let (a, b) = tokio::join!(
+        run(&stack, &probe, "probe", &repo),
+        run(&stack, &probe, "probe", &repo)
+    );
+    later.push(a?);
+    later.push(b?);
+    for p in &later {
+        assert_eq!(field(p, "ino"), inode, "the commit's checkout is shared");
+        assert_eq!(field(p, "file"), secret);
+        assert_eq!(
+            changed(p),
+            Vec::<String>::new(),
+            "no way of changing it works"
+        );
+        assert_eq!(field(p, "after"), secret);
+    }
+    assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 1.0);
+    assert_eq!(worktrees(&stack, &worker, "shared").await?, 3.0);
+
+    // A read-write job of the same commit writes a worktree of its own...
+    let w = run(&stack, &writer, "write", &repo).await?;
+    assert_ne!(
+        field(&w, "ino"),
+        inode,
+        "a writer never gets the shared files"
+    );
+    assert_eq!(worktrees(&stack, &worker, "private").await?, 1.0);
+    // ...and what it wrote never reaches the commit's read-only jobs.
+    let after = run(&stack, &probe, "probe", &repo).await?;
+    assert_eq!(field(&after, "file"), secret, "{after:?}");
+    assert_eq!(field(&after, "ino"), inode);
+
+    // A restarted worker trusts no checkout it left: the folder is emptied, the next read-only
+    // job checks the commit out again.
+    let checkouts = stack
+        .dir
+        .path()
+        .join(format!("work-{worker}"))
+        .join("git/checkouts");
+    assert!(
+        checkouts.join(field_commit(&checkouts)?).exists(),
+        "the shared checkout is under {}",
+        checkouts.display()
+    );
+    stack.kill_worker(&worker)?;
+    stack.start_worker(&worker)?;
+    let again = run(&stack, &probe, "probe", &repo).await?;
+    assert_eq!(field(&again, "file"), secret);
+    assert_ne!(
+        field(&again, "ino"),
+        inode,
+        "checked out again after the restart"
+    );
+    assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 1.0);
+    Ok(())
+}
+
+/// The one commit checked out under `checkouts` (a folder named after its 40-hex id).
+fn field_commit(checkouts: &Path) -> anyhow::Result<String> {
+    let names: Vec<String> = std::fs::read_dir(checkouts)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.len() == 40 && n.chars().all(|c| c.is_ascii_hexdigit()))
+        .collect();
+    anyhow::ensure!(names.len() == 1, "checkouts: {names:?}");
+    Ok(names[0].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_warm_pool_only_a_large_commit_is_shared() -> anyhow::Result<()> {
+    let stack = Stack::start_with(
+        "sharedwarm",
+        1,
+        1,
+        &[("FLEET_WARM_CONTAINERS", "1"), ("FLEET_STEP_CACHE", "off")],
+    )
+    .await?;
+    let worker = stack.worker_ids()[0].clone();
+    let probe = graph(&stack, "probe", GRAPH)?;
+    let small = repo(stack.dir.path(), "small", "small", 10)?;
+    let large = repo(stack.dir.path(), "large", "large", 2_000)?;
+
+    // A small commit: a worktree of its own each time (the warm container is worth more).
+    for _ in 0..2 {
+        let p = run(&stack, &probe, "probe", &small).await?;
+        assert_eq!(field(&p, "file"), "small");
+        assert_eq!(changed(&p), Vec::<String>::new(), "{p:?}");
+    }
+    assert_eq!(worktrees(&stack, &worker, "private").await?, 2.0);
+    // A large one: shared, its container started cold.
+    let (a, b) = (
+        run(&stack, &probe, "probe", &large).await?,
+        run(&stack, &probe, "probe", &large).await?,
+    );
+    assert_eq!(
+        field(&a, "ino"),
+        field(&b, "ino"),
+        "the large commit is shared"
+    );
+    assert_eq!(changed(&b), Vec::<String>::new(), "{b:?}");
+    assert_eq!(field(&b, "file"), "large");
+    assert_eq!(worktrees(&stack, &worker, "private").await?, 2.0);
+    assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 1.0);
+    assert_eq!(worktrees(&stack, &worker, "shared").await?, 1.0);
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! Checkouts shared by a commit's read-only jobs (issue 13, item 5): the first read-only job of
+//! a commit on this worker checks it out once into `<cache>/checkouts/<commit>`; every later
+//! one mounts that folder read-only instead of writing the whole tree again, and gets a git
+//! directory of its own (alternates to the mirror, a copy of the checkout's index, so that its
+//! status reads reuse the checkout's stat cache).
+//!
+//! Who may share, and why nothing changes a shared checkout:
+//! - only jobs whose worktree is read-only and whose step never writes it from the worker's
+//!   side (the runner decides: agents and commands, without `worktree.git`); their container
+//!   mounts it read-only;
+//! - a shared `Worktree` refuses every mutating operation (`GitError::SharedCheckout`);
+//! - a checkout is published (renamed into place) only when complete, and removed only when no
+//!   job holds a lease on it; at most `keep` are kept, the least recently used go first; the
+//!   folder is emptied at start (`open`), so nothing from an earlier process is trusted.
+
+use super::{GitError, Worktree};
+use git2::{build::CheckoutBuilder, Oid, Repository};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tracing::warn;
+
+/// The default count of checkouts kept per worker (`FLEET_SHARED_CHECKOUTS`; 0 turns sharing
+/// off).
+pub const DEFAULT_KEEP: usize = 8;
+pub const SHARED_CHECKOUTS_ENV: &str = "FLEET_SHARED_CHECKOUTS";
+
+/// How many shared checkouts this worker keeps (`FLEET_SHARED_CHECKOUTS`); unreadable values
+/// fall back to the default, with a warning.
+pub fn keep_from_env() -> usize {
+    match std::env::var(SHARED_CHECKOUTS_ENV) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            warn!(value = %v, "FLEET_SHARED_CHECKOUTS is not a count; using the default");
+            DEFAULT_KEEP
+        }),
+        Err(_) => DEFAULT_KEEP,
+    }
+}
+
+struct Entry {
+    users: usize,
+    used: u64,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    tick: u64,
+}
+
+/// The worker's shared checkouts.
+pub struct SharedCheckouts {
+    root: PathBuf,
+    keep: usize,
+    state: Arc<Mutex<State>>,
+    /// Creation is rare (once per commit per worker) and serialised: two jobs of a new commit
+    /// wait for one checkout rather than write two.
+    create: tokio::sync::Mutex<()>,
+}
+
+/// A job's hold on a shared checkout: the checkout is not removed while a lease on it lives.
+pub struct Lease {
+    commit: String,
+    state: Arc<Mutex<State>>,
+    created: bool,
+}
+
+impl Lease {
+    /// Whether the checkout was made for this job (the commit's first read-only job here).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut st = self.state.lock().expect("checkouts lock");
+        if let Some(e) = st.entries.get_mut(&self.commit) {
+            e.users = e.users.saturating_sub(1);
+        }
+    }
+}
+
+impl SharedCheckouts {
+    /// Empties `root` (checkouts of an earlier process are not trusted) and keeps at most
+    /// `keep` checkouts there from now on.
+    pub fn open(root: &Path, keep: usize) -> Result<Self, GitError> {
+        if root.exists() {
+            std::fs::remove_dir_all(root)?;
+        }
+        std::fs::create_dir_all(root)?;
+        Ok(Self {
+            root: root.to_path_buf(),
+            keep,
+            state: Arc::default(),
+            create: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.keep > 0
+    }
+
+    fn lease(&self, commit: &str) -> Option<Lease> {
+        let mut st = self.state.lock().expect("checkouts lock");
+        st.tick += 1;
+        let tick = st.tick;
+        let e = st.entries.get_mut(commit)?;
+        e.users += 1;
+        e.used = tick;
+        Some(Lease {
+            commit: commit.to_string(),
+            state: self.state.clone(),
+            created: false,
+        })
+    }
+
+    /// A read-only worktree of `commit` (its objects in `mirror`) whose files are the shared
+    /// checkout's and whose git directory is `dest/git`, with the lease that keeps the
+    /// checkout.
+    pub async fn worktree(
+        &self,
+        mirror: &Path,
+        commit: &str,
+        dest: &Path,
+    ) -> Result<(Worktree, Lease), GitError> {
+        Oid::from_str(commit)?;
+        let lease = match self.lease(commit) {
+            Some(l) => l,
+            None => {
+                let _creating = self.create.lock().await;
+                match self.lease(commit) {
+                    Some(l) => l,
+                    None => {
+                        let (mirror, root, c) =
+                            (mirror.to_path_buf(), self.root.clone(), commit.to_string());
+                        crate::safe_fs::blocking(move || check_out(&mirror, &root, &c)).await?;
+                        self.publish(commit)
+                    }
+                }
+            }
+        };
+        let checkout = self.root.join(commit);
+        let (mirror, commit, dest) = (mirror.to_path_buf(), commit.to_string(), dest.to_owned());
+        let wt = crate::safe_fs::blocking(move || job_git_dir(&mirror, &checkout, &commit, &dest))
+            .await?;
+        Ok((wt, lease))
+    }
+
+    /// Records a new checkout with this job's lease on it, then removes the least recently
+    /// used ones beyond `keep` that no job holds.
+    fn publish(&self, commit: &str) -> Lease {
+        let evicted: Vec<(String, u64)> = {
+            let mut st = self.state.lock().expect("checkouts lock");
+            st.tick += 1;
+            let tick = st.tick;
+            st.entries.insert(
+                commit.to_string(),
+                Entry {
+                    users: 1,
+                    used: tick,
+                },
+            );
+            let mut idle: Vec<(u64, String)> = st
+                .entries
+                .iter()
+                .filter(|(_, e)| e.users == 0)
+                .map(|(c, e)| (e.used, c.clone()))
+                .collect();
+            idle.sort();
+            let over = st.entries.len().saturating_sub(self.keep);
+            let gone: Vec<(String, u64)> = idle
+                .into_iter()
+                .take(over)
+                .map(|(_, c)| (c, tick))
+                .collect();
+            for (c, _) in &gone {
+                st.entries.remove(c);
+            }
+            gone
+        };
+        for (c, tick) in evicted {
+            // Renamed out of the way at once (a new checkout of it may follow), removed off
+            // the job's path.
+            let trash = self.root.join(format!(".gone-{c}-{tick}"));
+            match std::fs::rename(self.root.join(&c), &trash) {
+                Ok(()) => {
+                    tokio::task::spawn_blocking(move || std::fs::remove_dir_all(trash));
+                }
+                Err(e) => warn!(commit = %c, error = %e, "could not remove a shared checkout"),
+            }
+        }
+        Lease {
+            commit: commit.to_string(),
+            state: self.state.clone(),
+            created: true,
+        }
+    }
+}
+
+/// Checks `commit` out into `root/.new-<commit>` and renames it to `root/<commit>` once
+/// complete (its files at `wt/`, its index at `git/index`).
+fn check_out(mirror: &Path, root: &Path, commit: &str) -> Result<(), GitError> {
+    let building = root.join(format!(".new-{commit}"));
+    if building.exists() {
+        std::fs::remove_dir_all(&building)?;
+    }
+    let git_dir = building.join("git");
+    let dir = building.join("wt");
+    std::fs::create_dir_all(&dir)?;
+    super::mirror::init_with_alternates(mirror, &git_dir)?;
+    let repo = Repository::open_bare(&git_dir)?;
+    repo.set_workdir(&dir, false)?;
+    let oid = Oid::from_str(commit)?;
+    let object = repo.find_commit(oid)?.into_object();
+    repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))?;
+    repo.set_head_detached(oid)?;
+    let target = root.join(commit);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    std::fs::rename(&building, &target)?;
+    Ok(())
+}
+
+/// The job's git directory at `dest/git`: the mirror's objects by alternates, the checkout's
+/// index copied (the job's status reads may rewrite their copy, never the checkout's).
+fn job_git_dir(
+    mirror: &Path,
+    checkout: &Path,
+    commit: &str,
+    dest: &Path,
+) -> Result<Worktree, GitError> {
+    let git_dir = dest.join("git");
+    super::mirror::init_with_alternates(mirror, &git_dir)?;
+    std::fs::copy(checkout.join("git/index"), git_dir.join("index"))?;
+    let repo = Repository::open_bare(&git_dir)?;
+    let oid = Oid::from_str(commit)?;
+    repo.set_head_detached(oid)?;
+    Ok(Worktree {
+        dir: checkout.join("wt"),
+        git_dir,
+        base: oid,
+        head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
+        shared: true,
+    })
+}
