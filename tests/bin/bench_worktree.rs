@@ -5,8 +5,10 @@
 //! CLI and packed as a submission is; the pack goes to S3. The worker's git cache then takes
 //! it once (download, index into its mirror, check out: a job's first worktree of this repo on
 //! a worker), and after that every round times, interleaved one for one, a checkout from the
-//! mirror into a fresh job folder (`GitCache::materialize`: what every later job of the repo
-//! costs) and `git clone --local -q` (hard links to the objects, then git's own checkout).
+//! mirror into a fresh job folder (`GitCache::materialize`: what every later writing job of the
+//! repo costs), a later read-only job's worktree on the commit's shared checkout
+//! (`GitCache::materialize_shared`: its own git directory and index copy, the files shared) and
+//! `git clone --local -q` (hard links to the objects, then git's own checkout).
 
 use super::stats;
 use fleet_tests::stack::{s3_blobs, unique_namespace};
@@ -76,7 +78,15 @@ pub async fn run(files: usize, rounds: usize) -> anyhow::Result<()> {
         checked.len()
     );
 
-    let (mut fleet, mut clone) = (Vec::new(), Vec::new());
+    // The commit's shared checkout, made once (a read-only job's first on the worker).
+    let t = Instant::now();
+    let (made, _lease) = cache
+        .materialize_shared(&commit, &tmp.path().join("job-shared-first"))
+        .await?;
+    let shared_first_secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(made.is_shared(), "the checkout is not shared");
+
+    let (mut fleet, mut clone, mut shared) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..rounds {
         // Alternating which goes first; nothing deleted until the end (ext4 looks long for a
         // free inode among many recently deleted ones, which would charge whichever ran after
@@ -100,29 +110,51 @@ pub async fn run(files: usize, rounds: usize) -> anyhow::Result<()> {
             .materialize(&commit, &tmp.path().join(format!("job-{i}")))
             .await?;
         fleet.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let (wt, lease) = cache
+            .materialize_shared(&commit, &tmp.path().join(format!("job-ro-{i}")))
+            .await?;
+        shared.push(t.elapsed().as_secs_f64());
+        anyhow::ensure!(
+            wt.dir == made.dir && !lease.created(),
+            "a read-only job did not share"
+        );
+        drop(lease);
         if i % 2 == 0 {
             clone.push(clone_once()?);
         }
     }
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
     let ratio = mean(&fleet) / mean(&clone);
+    let shared_ratio = mean(&shared) / mean(&clone);
     println!("## Worktree of a {files}-file repository (ms)\n");
     println!("| path | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
     println!(
         "{}",
         stats("worker: checkout from its mirror (a later job)", &mut fleet)
     );
+    println!(
+        "{}",
+        stats(
+            "worker: a read-only job on the commit's shared checkout",
+            &mut shared
+        )
+    );
     println!("{}", stats("git clone --local", &mut clone));
     println!(
-        "\nratio worker / clone (mean): {ratio:.2}; the repository's first job on a worker \
-         (download, index, checkout): {:.0} ms\n",
-        first_secs * 1e3
+        "\nratio worker / clone (mean): {ratio:.2}, read-only on the shared checkout \
+         {shared_ratio:.3}; the repository's first job on a worker (download, index, checkout): \
+         {:.0} ms; the shared checkout's making (a commit's first read-only job): {:.0} ms\n",
+        first_secs * 1e3,
+        shared_first_secs * 1e3
     );
     println!(
         "{}",
         serde_json::json!({"bench": "worktree", "files": files, "rounds": rounds,
             "worker_ms": mean(&fleet) * 1e3, "clone_ms": mean(&clone) * 1e3,
-            "ratio": ratio, "first_ms": first_secs * 1e3})
+            "ratio": ratio, "first_ms": first_secs * 1e3,
+            "shared_ms": mean(&shared) * 1e3, "shared_ratio": shared_ratio,
+            "shared_first_ms": shared_first_secs * 1e3})
     );
     Ok(())
 }
