@@ -80,6 +80,20 @@ fn job_view(path: &str) -> Option<String> {
                 Some(_) => format!("<job>/{}", rest(i + 2)),
             });
         }
+        // A commit's checkout shared by its read-only jobs: its files are their worktree.
+        if parts[i] == "git"
+            && parts[i + 1] == "checkouts"
+            && parts.get(i + 2).is_some_and(|c| is_commit_id(c))
+        {
+            let inside = rest(i + 4);
+            return Some(match parts.get(i + 3).copied() {
+                Some("wt") if inside.is_empty() => ".".to_string(),
+                Some("wt") => inside,
+                _ => format!("<shared checkout>/{}", rest(i + 3))
+                    .trim_end_matches('/')
+                    .to_string(),
+            });
+        }
         if parts[i] == "git" && parts[i + 1] == "mirror.git" {
             let inside = rest(i + 2);
             return Some(
@@ -90,6 +104,10 @@ fn job_view(path: &str) -> Option<String> {
         }
     }
     None
+}
+
+fn is_commit_id(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Characters that end a path in free text (error messages, tool and runner output).
@@ -122,7 +140,7 @@ fn ends_path(c: char) -> bool {
 /// other text is left as it is. Whatever the worker's `--work-dir`, its layout is recognised by
 /// the job folder's name.
 pub fn strip_host_paths(text: &str) -> String {
-    if !text.contains("/jobs/") && !text.contains("/mirror.git") {
+    if !text.contains("/jobs/") && !text.contains("/mirror.git") && !text.contains("/checkouts/") {
         return text.to_string();
     }
     let mut out = String::with_capacity(text.len());
@@ -344,6 +362,24 @@ mod tests {
             (
                 "bad object in /tmp/fleet-worker-x/git/mirror.git/objects/pack".into(),
                 "bad object in <git mirror>/objects/pack".into(),
+            ),
+            (
+                format!(
+                    "E   File \"/srv/w/git/checkouts/{}/wt/pkg/m.py\", line 4",
+                    "ab12".repeat(10)
+                ),
+                "E   File \"pkg/m.py\", line 4".into(),
+            ),
+            (
+                format!(
+                    "lock /srv/w/git/checkouts/{}/git/index.lock",
+                    "0f".repeat(20)
+                ),
+                "lock <shared checkout>/git/index.lock".into(),
+            ),
+            (
+                "/srv/w/git/checkouts/notacommit/wt/x".into(),
+                "/srv/w/git/checkouts/notacommit/wt/x".into(),
             ),
             // Not the worker's: left alone (the container's own paths among them).
             (
