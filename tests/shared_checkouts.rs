@@ -6,8 +6,8 @@
 //! off: every probe must run.)
 
 use fleet_tests::stack::Stack;
+use fleet_tests::submit::git_repo;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 /// A read-only probe that reports what it sees and tries every way of changing the worktree;
@@ -50,28 +50,18 @@ nodes:
     status: write.ok
 "#;
 
-fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let st = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .current_dir(dir)
-        .status()?;
-    anyhow::ensure!(st.success(), "git {args:?}");
-    Ok(())
-}
-
 /// A repository with `probe.txt` holding `content`, and `extra` more files.
 fn repo(dir: &Path, name: &str, content: &str, extra: usize) -> anyhow::Result<String> {
-    let r = dir.join(name);
-    std::fs::create_dir_all(r.join("many"))?;
-    git(&r, &["init", "-q"])?;
-    std::fs::write(r.join("probe.txt"), content)?;
-    for i in 0..extra {
-        std::fs::write(r.join("many").join(format!("f{i}.txt")), i.to_string())?;
-    }
-    git(&r, &["add", "."])?;
-    git(&r, &["commit", "-qm", "probe"])?;
-    Ok(r.display().to_string())
+    let names: Vec<String> = (0..extra).map(|i| format!("many/f{i}.txt")).collect();
+    let bodies: Vec<String> = (0..extra).map(|i| i.to_string()).collect();
+    let mut files = vec![("probe.txt", content)];
+    files.extend(
+        names
+            .iter()
+            .map(String::as_str)
+            .zip(bodies.iter().map(String::as_str)),
+    );
+    Ok(git_repo(dir, name, &files)?.display().to_string())
 }
 
 fn graph(stack: &Stack, name: &str, text: &str) -> anyhow::Result<String> {

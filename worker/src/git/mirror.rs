@@ -152,7 +152,11 @@ pub(super) fn init_with_alternates(mirror: &Path, git_dir: &Path) -> Result<(), 
     Ok(())
 }
 
-fn materialize_at(mirror: &Path, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
+pub(super) fn materialize_at(
+    mirror: &Path,
+    commit: &str,
+    dest: &Path,
+) -> Result<Worktree, GitError> {
     let git_dir = dest.join("git");
     let dir = dest.join("wt");
     std::fs::create_dir_all(&dir)?;

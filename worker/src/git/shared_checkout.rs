@@ -14,7 +14,7 @@
 //!   folder is emptied at start (`open`), so nothing from an earlier process is trusted.
 
 use super::{GitError, Worktree};
-use git2::{build::CheckoutBuilder, Oid, Repository};
+use git2::{Oid, Repository};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -205,16 +205,7 @@ fn check_out(mirror: &Path, root: &Path, commit: &str) -> Result<(), GitError> {
     if building.exists() {
         std::fs::remove_dir_all(&building)?;
     }
-    let git_dir = building.join("git");
-    let dir = building.join("wt");
-    std::fs::create_dir_all(&dir)?;
-    super::mirror::init_with_alternates(mirror, &git_dir)?;
-    let repo = Repository::open_bare(&git_dir)?;
-    repo.set_workdir(&dir, false)?;
-    let oid = Oid::from_str(commit)?;
-    let object = repo.find_commit(oid)?.into_object();
-    repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))?;
-    repo.set_head_detached(oid)?;
+    super::mirror::materialize_at(mirror, commit, &building)?;
     let target = root.join(commit);
     if target.exists() {
         std::fs::remove_dir_all(&target)?;
