@@ -231,11 +231,13 @@ impl WarmPool {
         shape: Shape,
     ) -> Result<WarmSession, Warm> {
         let moves = [
-            Some((spec.worktree.clone(), warm.dir.join("wt"))),
+            Some((spec.worktree.clone(), warm.dir.join(WT_FOLDER))),
             spec.harness_dir
                 .clone()
-                .map(|h| (h, warm.dir.join("harness"))),
-            spec.gateway_dir.clone().map(|g| (g, warm.dir.join("gw"))),
+                .map(|h| (h, warm.dir.join(HARNESS_FOLDER))),
+            spec.gateway_dir
+                .clone()
+                .map(|g| (g, warm.dir.join(GATEWAY_FOLDER))),
         ];
         let moves: Vec<(PathBuf, PathBuf)> = moves.into_iter().flatten().collect();
         let swapped = crate::safe_fs::blocking(move || {
@@ -271,6 +273,12 @@ impl WarmPool {
     }
 }
 
+/// The folders a warm container mounts, under its own folder: the worktree, the harness's and
+/// the gateway's; a job's are moved into them when it is handed the container.
+const WT_FOLDER: &str = "wt";
+const HARNESS_FOLDER: &str = "harness";
+const GATEWAY_FOLDER: &str = "gw";
+
 /// Creates and starts one container of `shape` on empty folders of its own.
 async fn create(inner: &Inner, shape: &Shape) -> Result<Warm, SandboxError> {
     let n = inner.made.fetch_add(1, Ordering::Relaxed) + 1;
@@ -280,9 +288,9 @@ async fn create(inner: &Inner, shape: &Shape) -> Result<Warm, SandboxError> {
         let dir = dir.clone();
         let shape = shape.clone();
         crate::safe_fs::blocking(move || {
-            std::fs::create_dir_all(dir.join("wt"))?;
-            let harness = dir.join("harness");
-            let gateway = dir.join("gw");
+            std::fs::create_dir_all(dir.join(WT_FOLDER))?;
+            let harness = dir.join(HARNESS_FOLDER);
+            let gateway = dir.join(GATEWAY_FOLDER);
             if shape.harness {
                 std::fs::create_dir(&harness)?;
             }
@@ -300,7 +308,7 @@ async fn create(inner: &Inner, shape: &Shape) -> Result<Warm, SandboxError> {
     let spec = SandboxSpec {
         name,
         image: shape.image.clone(),
-        worktree: dir.join("wt"),
+        worktree: dir.join(WT_FOLDER),
         writable: shape.writable,
         shared_worktree: false,
         harness_dir,
