@@ -39,6 +39,7 @@ fn spec(tag: &str, i: usize, worktree: PathBuf) -> SandboxSpec {
         image: IMAGE.into(),
         worktree,
         writable: false,
+        shared_worktree: false,
         harness_dir: None,
         network: false,
         gateway_dir: None,
@@ -153,6 +154,19 @@ async fn cycle(cycles: usize) -> anyhow::Result<()> {
         phase_means(&cold_p),
         phase_means(&warm_p)
     );
+    let part = |xs: &[Phases], i: usize| {
+        xs.iter().map(|p| p.parts[i]).sum::<f64>() * 1e3 / xs.len() as f64
+    };
+    println!(
+        "{}\n",
+        serde_json::json!({"bench": "cycle", "n": cycles, "cold_ms": cold_mean * 1e3,
+            "warm_ms": warm_mean * 1e3, "cli_ms": cli_mean * 1e3,
+            "cold_ratio": cold_mean / cli_mean, "warm_ratio": warm_mean / cli_mean,
+            "warm_phases_ms": {"hand_out": part(&warm_p, 0), "exec": part(&warm_p, 1),
+                "kill": part(&warm_p, 2)},
+            "cold_phases_ms": {"start": part(&cold_p, 0), "exec": part(&cold_p, 1),
+                "remove": part(&cold_p, 2)}})
+    );
     Ok(())
 }
 
@@ -218,6 +232,8 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         container.push(c);
         overhead.push(w - c);
     }
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64 * 1e3;
+    let means = (mean(&wall), mean(&container), mean(&overhead));
     let how = if warm == 0 {
         "without the warm pool".to_string()
     } else {
@@ -257,6 +273,12 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         "\n## Fleet: {jobs} runs submitted at once, 2 workers × concurrency 2, {how}\n\ntotal {:.2} s, {:.1} jobs/s\n",
         total,
         jobs as f64 / total
+    );
+    println!(
+        "{}\n",
+        serde_json::json!({"bench": "per_job", "warm": warm, "n": jobs, "wall_ms": means.0,
+            "container_ms": means.1, "overhead_ms": means.2,
+            "parallel_jobs_per_second": jobs as f64 / total})
     );
     Ok(())
 }
