@@ -2,8 +2,8 @@
 //! read-only jobs of a commit read the files the first one checked out (the same inodes), none
 //! of them can change those files in any way, a read-write job of the same commit gets a
 //! worktree of its own whose changes never reach the shared one, a restarted worker trusts no
-//! checkout it left, and with a warm pool only a large commit is shared. (The step cache is
-//! off: every probe must run.)
+//! checkout it left, with a warm pool only a large commit is shared, and a worker whose disk is
+//! low removes the idle ones. (The step cache is off: every probe must run.)
 
 use fleet_tests::stack::Stack;
 use fleet_tests::submit::git_repo;
@@ -246,5 +246,70 @@ async fn with_a_warm_pool_only_a_large_commit_is_shared() -> anyhow::Result<()> 
     assert_eq!(worktrees(&stack, &worker, "private").await?, 2.0);
     assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 1.0);
     assert_eq!(worktrees(&stack, &worker, "shared").await?, 1.0);
+    Ok(())
+}
+
+/// The commits checked out under `checkouts`, and whether anything else is left there.
+fn checked_out(checkouts: &Path) -> anyhow::Result<(usize, Vec<String>)> {
+    let mut commits = 0;
+    let mut other = Vec::new();
+    for e in std::fs::read_dir(checkouts)?.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.len() == 40 && n.chars().all(|c| c.is_ascii_hexdigit()) {
+            commits += 1;
+        } else {
+            other.push(n);
+        }
+    }
+    Ok((commits, other))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_disk_is_low_removes_idle_shared_checkouts() -> anyhow::Result<()> {
+    // A low-water mark above any disk's free space: every job finds the disk low.
+    let stack = Stack::start_with(
+        "sharedlow",
+        1,
+        1,
+        &[
+            ("FLEET_STEP_CACHE", "off"),
+            ("FLEET_DISK_LOW_WATER_MB", "1000000000"),
+        ],
+    )
+    .await?;
+    let worker = stack.worker_ids()[0].clone();
+    let probe = graph(&stack, "probe", GRAPH)?;
+    let one = repo(stack.dir.path(), "one", "one", 3)?;
+    let two = repo(stack.dir.path(), "two", "two", 3)?;
+    let checkouts = stack
+        .dir
+        .path()
+        .join(format!("work-{worker}"))
+        .join("git/checkouts");
+
+    let a = run(&stack, &probe, "probe", &one).await?;
+    assert_eq!(field(&a, "file"), "one");
+    assert_eq!(checked_out(&checkouts)?, (1, vec![]));
+    // The next job finds the disk low: the idle checkout goes before its own is made.
+    let b = run(&stack, &probe, "probe", &two).await?;
+    assert_eq!(field(&b, "file"), "two");
+    assert_eq!(
+        checked_out(&checkouts)?,
+        (1, vec![]),
+        "the idle one is gone"
+    );
+    let again = run(&stack, &probe, "probe", &one).await?;
+    assert_eq!(field(&again, "file"), "one", "made again when needed");
+    assert_eq!(changed(&again), Vec::<String>::new());
+    assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 3.0);
+    assert_eq!(worktrees(&stack, &worker, "shared").await?, 0.0);
+    let evicted = stack
+        .worker_metric(
+            &worker,
+            "fleet_worker_disk_pressure_evictions_total",
+            &[("what", "checkout")],
+        )
+        .await?;
+    assert_eq!(evicted, 2.0);
     Ok(())
 }

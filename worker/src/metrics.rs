@@ -35,6 +35,9 @@ pub struct Metrics {
     /// Worktrees of jobs, by how: `private` (checked out for the job), `shared_new` (the
     /// commit's shared checkout made for it), `shared` (an existing shared checkout reused).
     pub worktrees: IntCounterVec,
+    /// What the worker removed because its disk was low, by `what`: `checkout` (an idle shared
+    /// checkout) or `job_dir` (a job folder no running execution owned).
+    pub disk_pressure_evictions: IntCounterVec,
 }
 
 impl Metrics {
@@ -131,6 +134,14 @@ impl Metrics {
             &["how"],
         )
         .expect("valid metric");
+        let disk_pressure_evictions = IntCounterVec::new(
+            Opts::new(
+                "fleet_worker_disk_pressure_evictions_total",
+                "what the worker removed because its work folder's disk was low (checkout: an idle shared checkout; job_dir: a job folder no running execution owned)",
+            ),
+            &["what"],
+        )
+        .expect("valid metric");
         let warm_ready = IntGauge::new(
             "fleet_worker_warm_containers",
             "warm containers started ahead and ready for a job",
@@ -155,6 +166,7 @@ impl Metrics {
             &step_cache,
             &containers,
             &worktrees,
+            &disk_pressure_evictions,
         ] {
             registry
                 .register(Box::new(c.clone()))
@@ -179,6 +191,7 @@ impl Metrics {
             containers,
             warm_ready,
             worktrees,
+            disk_pressure_evictions,
         }
     }
 

@@ -64,6 +64,11 @@ impl GitCache {
         Ok(n)
     }
 
+    /// Removes every shared checkout no job holds (disk pressure); how many went.
+    pub async fn evict_idle_checkouts(&self) -> usize {
+        self.checkouts.evict_idle().await
+    }
+
     /// Whether read-only jobs may share a commit's checkout here (`FLEET_SHARED_CHECKOUTS`).
     pub fn shares_checkouts(&self) -> bool {
         self.checkouts.enabled()

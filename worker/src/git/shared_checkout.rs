@@ -148,9 +148,9 @@ impl SharedCheckouts {
     }
 
     /// Records a new checkout with this job's lease on it, then removes the least recently
-    /// used ones beyond `keep` that no job holds.
+    /// used ones beyond `keep` that no job holds (off the job's path).
     fn publish(&self, commit: &str) -> Lease {
-        let evicted: Vec<(String, u64)> = {
+        let trash = {
             let mut st = self.state.lock().expect("checkouts lock");
             st.tick += 1;
             let tick = st.tick;
@@ -161,39 +161,59 @@ impl SharedCheckouts {
                     used: tick,
                 },
             );
-            let mut idle: Vec<(u64, String)> = st
-                .entries
-                .iter()
-                .filter(|(_, e)| e.users == 0)
-                .map(|(c, e)| (e.used, c.clone()))
-                .collect();
-            idle.sort();
-            let over = st.entries.len().saturating_sub(self.keep);
-            let gone: Vec<(String, u64)> = idle
-                .into_iter()
-                .take(over)
-                .map(|(_, c)| (c, tick))
-                .collect();
-            for (c, _) in &gone {
-                st.entries.remove(c);
-            }
-            gone
+            self.set_aside(&mut st, self.keep)
         };
-        for (c, tick) in evicted {
-            // Renamed out of the way at once (a new checkout of it may follow), removed off
-            // the job's path.
-            let trash = self.root.join(format!(".gone-{c}-{tick}"));
-            match std::fs::rename(self.root.join(&c), &trash) {
-                Ok(()) => {
-                    tokio::task::spawn_blocking(move || std::fs::remove_dir_all(trash));
-                }
-                Err(e) => warn!(commit = %c, error = %e, "could not remove a shared checkout"),
-            }
+        if !trash.is_empty() {
+            tokio::task::spawn_blocking(move || remove_all(&trash));
         }
         Lease {
             commit: commit.to_string(),
             state: self.state.clone(),
             created: true,
+        }
+    }
+
+    /// Removes every checkout no job holds (the disk is low); how many went.
+    pub async fn evict_idle(&self) -> usize {
+        let trash = {
+            let mut st = self.state.lock().expect("checkouts lock");
+            self.set_aside(&mut st, 0)
+        };
+        let n = trash.len();
+        crate::safe_fs::blocking(move || remove_all(&trash)).await;
+        n
+    }
+
+    /// Forgets the least recently used checkouts no job holds until at most `keep` are left
+    /// (or only held ones), and renames their folders aside, with the state locked: a checkout
+    /// made again for the same commit never meets the old folder, nor loses its own to a late
+    /// rename. Returns the folders to remove.
+    fn set_aside(&self, st: &mut State, keep: usize) -> Vec<PathBuf> {
+        let mut idle: Vec<(u64, String)> = st
+            .entries
+            .iter()
+            .filter(|(_, e)| e.users == 0)
+            .map(|(c, e)| (e.used, c.clone()))
+            .collect();
+        idle.sort();
+        let over = st.entries.len().saturating_sub(keep);
+        let mut trash = Vec::new();
+        for (used, c) in idle.into_iter().take(over) {
+            st.entries.remove(&c);
+            let aside = self.root.join(format!(".gone-{c}-{used}"));
+            match std::fs::rename(self.root.join(&c), &aside) {
+                Ok(()) => trash.push(aside),
+                Err(e) => warn!(commit = %c, error = %e, "could not remove a shared checkout"),
+            }
+        }
+        trash
+    }
+}
+
+fn remove_all(folders: &[PathBuf]) {
+    for f in folders {
+        if let Err(e) = std::fs::remove_dir_all(f) {
+            warn!(folder = %f.display(), error = %e, "could not remove a shared checkout");
         }
     }
 }

@@ -58,6 +58,10 @@ impl Runner {
             ))
         })?;
 
+        if spec.worktree.is_some() {
+            // A low disk first gives back what no job is using (this job's worktree needs room).
+            self.relieve_disk_pressure().await;
+        }
         // Held until the execution ends: the shared checkout stays while this job reads it.
         let mut _checkout_lease = None;
         let worktree = match &spec.worktree {

@@ -1,6 +1,7 @@
 //! Resources of a job the worker enforces itself, beyond the container's own limits: the job
 //! folder's disk quota and the age after which a folder no execution owns is removed. Read from
-//! the environment (`FLEET_JOB_DISK_MB`, `FLEET_JOB_DIR_MAX_AGE_SECONDS`).
+//! the environment (`FLEET_JOB_DISK_MB`, `FLEET_JOB_DIR_MAX_AGE_SECONDS`), and the free space
+//! below which the worker evicts what it keeps on disk (`FLEET_DISK_LOW_WATER_MB`).
 
 use super::StartError;
 use crate::sandbox::disk;
@@ -11,6 +12,9 @@ pub const DEFAULT_JOB_DISK_MB: u64 = 2048;
 /// The default age after which a job folder no execution owns is removed
 /// (`FLEET_JOB_DIR_MAX_AGE_SECONDS`).
 pub const DEFAULT_JOB_DIR_MAX_AGE_SECONDS: u64 = 24 * 3600;
+/// The default free space of the work folder's file system below which the worker evicts idle
+/// shared checkouts and job folders no execution owns (`FLEET_DISK_LOW_WATER_MB`).
+pub const DEFAULT_DISK_LOW_WATER_MB: u64 = 1024;
 
 /// Resources of a job the worker enforces itself (the container's own limits are `Limits`).
 /// Read from the environment (`from_env`) until the CLI has flags for them.
@@ -21,6 +25,9 @@ pub struct JobResources {
     pub disk_quota: Option<disk::Quota>,
     /// Job folders older than this that no running execution owns are removed.
     pub dir_max_age: Duration,
+    /// Below this many free bytes on the work folder's file system, the worker evicts what it
+    /// keeps (`Runner::relieve_disk_pressure`); `None`: never (`FLEET_DISK_LOW_WATER_MB=0`).
+    pub disk_low_water: Option<u64>,
 }
 
 impl Default for JobResources {
@@ -31,6 +38,7 @@ impl Default for JobResources {
                 every: Duration::from_millis(500),
             }),
             dir_max_age: Duration::from_secs(DEFAULT_JOB_DIR_MAX_AGE_SECONDS),
+            disk_low_water: Some(DEFAULT_DISK_LOW_WATER_MB * 1024 * 1024),
         }
     }
 }
@@ -66,6 +74,16 @@ impl JobResources {
                     limit_bytes,
                     every: Duration::from_millis(500),
                 });
+            }
+        }
+        match number("FLEET_DISK_LOW_WATER_MB")? {
+            None => {}
+            Some(0) => r.disk_low_water = None,
+            Some(mb) => {
+                r.disk_low_water = Some(
+                    mb.checked_mul(1024 * 1024)
+                        .ok_or_else(|| format!("FLEET_DISK_LOW_WATER_MB={mb} is too large"))?,
+                )
             }
         }
         match number("FLEET_JOB_DIR_MAX_AGE_SECONDS")? {

@@ -203,14 +203,24 @@ fn job_resources_come_from_the_environment_with_defaults() {
     assert_eq!(r.disk_quota.unwrap().limit_bytes, 50 << 20);
     assert_eq!(r.dir_max_age, Duration::from_secs(2));
     assert_eq!(r.sweep_every(), Duration::from_secs(1));
-    let off = JobResources::from_lookup(env(&[("FLEET_JOB_DISK_MB", "0")])).unwrap();
+    assert_eq!(d.disk_low_water, Some(1024 << 20));
+    let low = JobResources::from_lookup(env(&[("FLEET_DISK_LOW_WATER_MB", "300")])).unwrap();
+    assert_eq!(low.disk_low_water, Some(300 << 20));
+    let off = JobResources::from_lookup(env(&[
+        ("FLEET_JOB_DISK_MB", "0"),
+        ("FLEET_DISK_LOW_WATER_MB", "0"),
+    ]))
+    .unwrap();
     assert_eq!(off.disk_quota, None);
+    assert_eq!(off.disk_low_water, None);
     for bad in [
         &[("FLEET_JOB_DISK_MB", "2G")][..],
         &[("FLEET_JOB_DISK_MB", "-1")],
         &[("FLEET_JOB_DISK_MB", "99999999999999999")],
         &[("FLEET_JOB_DIR_MAX_AGE_SECONDS", "0")],
         &[("FLEET_JOB_DIR_MAX_AGE_SECONDS", "1d")],
+        &[("FLEET_DISK_LOW_WATER_MB", "1G")],
+        &[("FLEET_DISK_LOW_WATER_MB", "99999999999999999")],
     ] {
         let bad: &'static [(&'static str, &'static str)] = bad;
         let e = JobResources::from_lookup(env(bad)).unwrap_err();

@@ -16,6 +16,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The bytes free for unprivileged users on the file system holding `path` (`statvfs`).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// What a job folder occupies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskUsage {

@@ -388,37 +388,26 @@ impl Sandbox for WarmPool {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         let shape = Shape::of(spec);
-        if spec.shared_worktree {
-            // Its worktree cannot be moved into a warm container's folder.
-            self.inner
-                .metrics
-                .containers
-                .with_label_values(&["cold"])
-                .inc();
-            return self.inner.docker.start(spec).await;
-        }
-        // A warm container's kind is refilled once its job has ended (so the creation does
-        // not compete with the job); a kind with none ready, at once.
-        if let Some(warm) = self.take(&shape, spec.lifetime).await {
-            match self.hand_out(warm, spec, shape.clone()).await {
-                Ok(session) => {
-                    debug!(container = %spec.name, "warm container handed out");
-                    self.inner
-                        .metrics
-                        .containers
-                        .with_label_values(&["warm"])
-                        .inc();
-                    return Ok(Box::new(session));
+        // A shared checkout cannot be moved into a warm container's folder: such a job starts
+        // cold and takes nothing from its kind's pool.
+        if !spec.shared_worktree {
+            // A warm container's kind is refilled once its job has ended (so the creation does
+            // not compete with the job); a kind with none ready, at once.
+            if let Some(warm) = self.take(&shape, spec.lifetime).await {
+                match self.hand_out(warm, spec, shape.clone()).await {
+                    Ok(session) => {
+                        debug!(container = %spec.name, "warm container handed out");
+                        let started = &self.inner.metrics.containers;
+                        started.with_label_values(&["warm"]).inc();
+                        return Ok(Box::new(session));
+                    }
+                    Err(warm) => discard(warm).await,
                 }
-                Err(warm) => discard(warm).await,
             }
+            refill(self.inner.clone(), shape);
         }
-        refill(self.inner.clone(), shape);
-        self.inner
-            .metrics
-            .containers
-            .with_label_values(&["cold"])
-            .inc();
+        let started = &self.inner.metrics.containers;
+        started.with_label_values(&["cold"]).inc();
         self.inner.docker.start(spec).await
     }
 
