@@ -106,8 +106,10 @@ if [ "$with_100k" = 1 ]; then
 fi
 
 table="$out_dir/table.md"
+s3="moto on 127.0.0.1:9000 (the tests' server)"
+[ -z "${FLEET_TEST_S3_ENDPOINT:-}" ] || s3="$FLEET_TEST_S3_ENDPOINT"
 python3 bench/all/table.py "$results" --command "$command_line" --cores "$(nproc)" \
-  --celery "$celery_version" >"$table"
+  --celery "$celery_version" --s3 "$s3" >"$table"
 cat "$table"
 if [ "$write" = 1 ]; then
   python3 bench/all/table.py --splice BENCHMARKS.md "$table"

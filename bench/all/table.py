@@ -47,7 +47,7 @@ def verdict(met):
     return "**met**" if met else "missed"
 
 
-def render(by_tag, command, cores, celery):
+def render(by_tag, command, cores, celery, s3):
     rows = []  # (figure, goal, measured, anchor, met, bound)
     scale = {w: one(by_tag, f"scale-{w}", bench="limit") for w in (1, 2, 4)}
     busiest = scale.get(2) or scale.get(1)
@@ -125,9 +125,10 @@ def render(by_tag, command, cores, celery):
             bound = (f"a Docker exec of the step alone is {exec_ms:.1f} ms; the rest is the "
                      f"`fleet submit` process (graph load, repo pack, upload) and the mirror's writes")
         anchor = f"the container's own life {warm['container_ms']:.0f} ms"
-        measured = f"{over:.1f} ms with the warm pool"
+        measured = f"{over:.1f} ms with the warm pool (wall {warm['wall_ms']:.0f} ms)"
         if cold:
-            measured += f"; {cold['overhead_ms']:.1f} ms without"
+            measured += (f"; {cold['overhead_ms']:.1f} ms without (wall {cold['wall_ms']:.0f} ms, "
+                         f"container {cold['container_ms']:.0f} ms)")
         rows.append(("fleet overhead on a trivial command job (wall − container)", "≤ 10 ms",
                      measured, anchor, over <= 10, bound))
 
@@ -174,8 +175,8 @@ def render(by_tag, command, cores, celery):
 
     today = datetime.date.today().isoformat()
     out = [f"Measured {today} on {cores} cores (Celery {celery}, prefork 4 for the chord, 1 for "
-           f"the single task), all in one run of `{command}`. The JSON lines behind every figure "
-           f"are in `target/bench-all/results.jsonl`.", "",
+           f"the single task; the fleet's S3 server: {s3}), all in one run of `{command}`. The "
+           f"JSON lines behind every figure are in `target/bench-all/results.jsonl`.", "",
            "| figure | goal | fleet | anchor (same run) | met? | what bounds it (measured) |",
            "|---|---|---|---|---|---|"]
     for figure, goal, measured, anchor, met, bound in rows:
@@ -206,6 +207,7 @@ def main(argv):
     p.add_argument("--command", default="scripts/bench-all.sh")
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--celery", default="?")
+    p.add_argument("--s3", default="moto on 127.0.0.1:9000 (the tests' server)")
     p.add_argument("--splice", nargs=2, metavar=("DOC", "TABLE"))
     a = p.parse_args(argv)
     if a.splice:
@@ -213,7 +215,7 @@ def main(argv):
         return 0
     if not a.results:
         p.error("give the results file")
-    sys.stdout.write(render(load(a.results), a.command, a.cores, a.celery))
+    sys.stdout.write(render(load(a.results), a.command, a.cores, a.celery, a.s3))
     return 0
 
 
