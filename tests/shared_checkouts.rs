@@ -6,7 +6,7 @@
 //! low removes the idle ones. (The step cache is off: every probe must run.)
 
 use fleet_tests::stack::Stack;
-use fleet_tests::submit::git_repo;
+use fleet_tests::submit::{git_repo, submit_yaml};
 use std::path::Path;
 use std::time::Duration;
 
@@ -64,35 +64,13 @@ fn repo(dir: &Path, name: &str, content: &str, extra: usize) -> anyhow::Result<S
     Ok(git_repo(dir, name, &files)?.display().to_string())
 }
 
-fn graph(stack: &Stack, name: &str, text: &str) -> anyhow::Result<String> {
-    let dir = stack.dir.path().join(name);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("graph.yaml"), text)?;
-    Ok(dir.join("graph.yaml").display().to_string())
-}
-
-/// Runs `graph` on `repo` (a new input each time: the same submission twice is one run) and
-/// returns the `key=value` lines its one command printed.
-async fn run(stack: &Stack, graph: &str, node: &str, repo: &str) -> anyhow::Result<Vec<String>> {
+/// Runs the graph `yaml` on `repo` (a new input each time: the same submission twice is one
+/// run) and returns the `key=value` lines its one command printed.
+async fn run(stack: &Stack, yaml: &str, node: &str, repo: &str) -> anyhow::Result<Vec<String>> {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let input = stack.dir.path().join(format!("in-{n}.json"));
-    std::fs::write(&input, format!("{{\"probe\": {n}}}"))?;
-    let script = stack.dir.path().join("script.json");
-    std::fs::write(&script, "{}")?;
-    let out = stack.cli(&[
-        "submit",
-        "--graph",
-        graph,
-        "--repo",
-        repo,
-        "--input",
-        &input.display().to_string(),
-        "--script",
-        &script.display().to_string(),
-    ])?;
-    anyhow::ensure!(out.code == 0, "{}", out.stderr);
-    let run = out.stdout.trim().to_string();
+    let input = serde_json::json!({ "probe": n });
+    let run = submit_yaml(stack, &format!("p{n}"), yaml, Path::new(repo), &input)?;
     let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
     anyhow::ensure!(status["status"] == "succeeded", "{status}");
     let stdout = stack
@@ -128,12 +106,10 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
 {
     let mut stack = Stack::start_with("shared", 1, 2, &[("FLEET_STEP_CACHE", "off")]).await?;
     let worker = stack.worker_ids()[0].clone();
-    let probe = graph(&stack, "probe", GRAPH)?;
-    let writer = graph(&stack, "writer", WRITER)?;
     let secret = format!("content-{}", std::process::id());
     let repo = repo(stack.dir.path(), "repo", &secret, 10)?;
 
-    let first = run(&stack, &probe, "probe", &repo).await?;
+    let first = run(&stack, GRAPH, "probe", &repo).await?;
     assert_eq!(field(&first, "file"), secret, "the checkout is mounted");
     assert_eq!(changed(&first), Vec::<String>::new(), "{first:?}");
     assert_eq!(field(&first, "after"), secret);
@@ -141,10 +117,10 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     let inode = field(&first, "ino");
 
     // Later read-only jobs, one after another and two at once, read the same files.
-    let mut later = vec![run(&stack, &probe, "probe", &repo).await?];
+    let mut later = vec![run(&stack, GRAPH, "probe", &repo).await?];
     let (a, b) = tokio::join!(
-        run(&stack, &probe, "probe", &repo),
-        run(&stack, &probe, "probe", &repo)
+        run(&stack, GRAPH, "probe", &repo),
+        run(&stack, GRAPH, "probe", &repo)
     );
     later.push(a?);
     later.push(b?);
@@ -162,7 +138,7 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     assert_eq!(worktrees(&stack, &worker, "shared").await?, 3.0);
 
     // A read-write job of the same commit writes a worktree of its own...
-    let w = run(&stack, &writer, "write", &repo).await?;
+    let w = run(&stack, WRITER, "write", &repo).await?;
     assert_ne!(
         field(&w, "ino"),
         inode,
@@ -170,7 +146,7 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     );
     assert_eq!(worktrees(&stack, &worker, "private").await?, 1.0);
     // ...and what it wrote never reaches the commit's read-only jobs.
-    let after = run(&stack, &probe, "probe", &repo).await?;
+    let after = run(&stack, GRAPH, "probe", &repo).await?;
     assert_eq!(field(&after, "file"), secret, "{after:?}");
     assert_eq!(field(&after, "ino"), inode);
 
@@ -188,7 +164,7 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     );
     stack.kill_worker(&worker)?;
     stack.start_worker(&worker)?;
-    let again = run(&stack, &probe, "probe", &repo).await?;
+    let again = run(&stack, GRAPH, "probe", &repo).await?;
     assert_eq!(field(&again, "file"), secret);
     assert_ne!(
         field(&again, "ino"),
@@ -220,21 +196,20 @@ async fn with_a_warm_pool_only_a_large_commit_is_shared() -> anyhow::Result<()> 
     )
     .await?;
     let worker = stack.worker_ids()[0].clone();
-    let probe = graph(&stack, "probe", GRAPH)?;
     let small = repo(stack.dir.path(), "small", "small", 10)?;
     let large = repo(stack.dir.path(), "large", "large", 2_000)?;
 
     // A small commit: a worktree of its own each time (the warm container is worth more).
     for _ in 0..2 {
-        let p = run(&stack, &probe, "probe", &small).await?;
+        let p = run(&stack, GRAPH, "probe", &small).await?;
         assert_eq!(field(&p, "file"), "small");
         assert_eq!(changed(&p), Vec::<String>::new(), "{p:?}");
     }
     assert_eq!(worktrees(&stack, &worker, "private").await?, 2.0);
     // A large one: shared, its container started cold.
     let (a, b) = (
-        run(&stack, &probe, "probe", &large).await?,
-        run(&stack, &probe, "probe", &large).await?,
+        run(&stack, GRAPH, "probe", &large).await?,
+        run(&stack, GRAPH, "probe", &large).await?,
     );
     assert_eq!(
         field(&a, "ino"),
@@ -278,7 +253,6 @@ async fn a_worker_whose_disk_is_low_removes_idle_shared_checkouts() -> anyhow::R
     )
     .await?;
     let worker = stack.worker_ids()[0].clone();
-    let probe = graph(&stack, "probe", GRAPH)?;
     let one = repo(stack.dir.path(), "one", "one", 3)?;
     let two = repo(stack.dir.path(), "two", "two", 3)?;
     let checkouts = stack
@@ -287,18 +261,18 @@ async fn a_worker_whose_disk_is_low_removes_idle_shared_checkouts() -> anyhow::R
         .join(format!("work-{worker}"))
         .join("git/checkouts");
 
-    let a = run(&stack, &probe, "probe", &one).await?;
+    let a = run(&stack, GRAPH, "probe", &one).await?;
     assert_eq!(field(&a, "file"), "one");
     assert_eq!(checked_out(&checkouts)?, (1, vec![]));
     // The next job finds the disk low: the idle checkout goes before its own is made.
-    let b = run(&stack, &probe, "probe", &two).await?;
+    let b = run(&stack, GRAPH, "probe", &two).await?;
     assert_eq!(field(&b, "file"), "two");
     assert_eq!(
         checked_out(&checkouts)?,
         (1, vec![]),
         "the idle one is gone"
     );
-    let again = run(&stack, &probe, "probe", &one).await?;
+    let again = run(&stack, GRAPH, "probe", &one).await?;
     assert_eq!(field(&again, "file"), "one", "made again when needed");
     assert_eq!(changed(&again), Vec::<String>::new());
     assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 3.0);

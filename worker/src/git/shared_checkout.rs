@@ -124,7 +124,8 @@ impl SharedCheckouts {
         commit: &str,
         dest: &Path,
     ) -> Result<(Worktree, Lease), GitError> {
-        Oid::from_str(commit)?;
+        // The folder's name: the commit's full id as git spells it, never the bytes given.
+        let commit = &Oid::from_str(commit)?.to_string();
         let lease = match self.lease(commit) {
             Some(l) => l,
             None => {
