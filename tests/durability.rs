@@ -6,6 +6,7 @@
 
 use fleet_tests::private_redis::PrivateRedis;
 use fleet_tests::stack::{containers, make_calc_repo, s3_blobs, Stack, StackConfig};
+use fleet_tests::submit::submit_with_script;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -105,19 +106,7 @@ fn submit(stack: &Stack, yaml: &str, name: &str) -> anyhow::Result<String> {
     std::fs::write(&input, serde_json::to_vec(&json!({"name": name}))?)?;
     let script = dir.join("empty-script.json");
     std::fs::write(&script, "{}")?;
-    let out = stack.cli(&[
-        "submit",
-        "--graph",
-        &graph,
-        "--repo",
-        &repo,
-        "--input",
-        &input.display().to_string(),
-        "--script",
-        &script.display().to_string(),
-    ])?;
-    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
-    Ok(out.stdout.trim().to_string())
+    submit_with_script(stack, Path::new(&graph), Path::new(&repo), &input, &script)
 }
 
 /// The nodes with a result in the run's log, in order: each job's result applied once.

@@ -130,14 +130,10 @@ async fn fanout() -> anyhow::Result<()> {
     let workers = arg("--workers", 2);
     let concurrency = arg("--concurrency", 8);
     let stack = Stack::start_with("fan", workers, concurrency, &[]).await?;
-    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let graph = workspace_root()
-        .join("graphs/bench/fanout.yaml")
-        .display()
-        .to_string();
+    let repo = make_calc_repo(stack.dir.path())?;
+    let graph = workspace_root().join("graphs/bench/fanout.yaml");
     let script = stack.dir.path().join("script.json");
     std::fs::write(&script, "{}")?;
-    let script = script.display().to_string();
     let mut runs: Vec<f64> = Vec::new();
     let mut run_only: Vec<f64> = Vec::new();
     for r in 0..repeat {
@@ -148,19 +144,7 @@ async fn fanout() -> anyhow::Result<()> {
             serde_json::to_vec(&serde_json::json!({"items": items, "round": r}))?,
         )?;
         let t = Instant::now();
-        let out = stack.cli(&[
-            "submit",
-            "--graph",
-            &graph,
-            "--repo",
-            &repo,
-            "--input",
-            &input.display().to_string(),
-            "--script",
-            &script,
-        ])?;
-        anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
-        let run = out.stdout.trim().to_string();
+        let run = fleet_tests::submit::submit_with_script(&stack, &graph, &repo, &input, &script)?;
         let submitted = t.elapsed().as_secs_f64();
         let st = stack
             .wait_run_every(&run, Duration::from_secs(600), Duration::from_millis(10))

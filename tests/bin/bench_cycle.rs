@@ -11,6 +11,7 @@
 
 use super::{chrono_secs, stats, IMAGE};
 use fleet_tests::stack::{make_calc_repo, workspace_root, Stack};
+use fleet_tests::submit::submit_with_script;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -181,30 +182,14 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         ("FLEET_STEP_CACHE", "off"),
     ];
     let stack = Stack::start("bench", 2, &env).await?;
-    let repo = make_calc_repo(stack.dir.path())?.display().to_string();
-    let graph = workspace_root()
-        .join("graphs/bench/noop-command.yaml")
-        .display()
-        .to_string();
+    let repo = make_calc_repo(stack.dir.path())?;
+    let graph = workspace_root().join("graphs/bench/noop-command.yaml");
     let script = stack.dir.path().join("script.json");
     std::fs::write(&script, "{}")?;
-    let script = script.display().to_string();
     let submit = |i: usize, tag: &str| -> anyhow::Result<String> {
         let input = stack.dir.path().join(format!("input-{tag}-{i}.json"));
         std::fs::write(&input, format!("{{\"i\": {i}, \"tag\": \"{tag}\"}}"))?;
-        let out = stack.cli(&[
-            "submit",
-            "--graph",
-            &graph,
-            "--repo",
-            &repo,
-            "--input",
-            &input.display().to_string(),
-            "--script",
-            &script,
-        ])?;
-        anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
-        Ok(out.stdout.trim().to_string())
+        submit_with_script(&stack, &graph, &repo, &input, &script)
     };
     // Warm the workers' git caches and the image (and fill the pools: one job per worker).
     for i in 0..2 {

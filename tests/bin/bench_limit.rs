@@ -23,6 +23,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde_json::json;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub struct Options {
@@ -286,19 +287,13 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
         .iter()
         .map(|(_, p)| cpu_seconds(*p).unwrap_or(0.0))
         .collect();
-    let out = stack.cli(&[
-        "submit",
-        "--graph",
-        &graph,
-        "--repo",
-        &repo,
-        "--input",
-        &input.display().to_string(),
-        "--script",
-        &script.display().to_string(),
-    ])?;
-    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
-    let run = out.stdout.trim().to_string();
+    let run = fleet_tests::submit::submit_with_script(
+        &stack,
+        Path::new(&graph),
+        Path::new(&repo),
+        &input,
+        &script,
+    )?;
     // Told of the end by the API (no polling: a status read of a 100,000-job run costs the
     // coordinator a copy of it), then the status read once; the run's own timestamps time it.
     let deadline = Instant::now() + Duration::from_secs(1800);

@@ -103,6 +103,18 @@ fn submit_files(
     if !script.exists() {
         std::fs::write(&script, "{}")?;
     }
+    cli_submit(stack, graph, repo, input, &script, env)
+}
+
+/// `fleet submit` of the files given, as they are; the CLI's output, whatever its exit.
+fn cli_submit(
+    stack: &Stack,
+    graph: &Path,
+    repo: &Path,
+    input: &Path,
+    script: &Path,
+    env: &[(&str, &str)],
+) -> anyhow::Result<crate::stack::CliOutput> {
     stack.cli_env(
         &[
             "submit",
@@ -117,6 +129,20 @@ fn submit_files(
         ],
         env,
     )
+}
+
+/// `fleet submit` of the graph, repository, input and script files given (none written),
+/// failing unless the run was created; the run's id.
+pub fn submit_with_script(
+    stack: &Stack,
+    graph: &Path,
+    repo: &Path,
+    input: &Path,
+    script: &Path,
+) -> anyhow::Result<String> {
+    let out = cli_submit(stack, graph, repo, input, script, &[])?;
+    anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
+    Ok(out.stdout.trim().to_string())
 }
 
 /// As `submit_as`, failing unless the run was created; the run's id.
