@@ -5,8 +5,8 @@
 //! reaped when it was killed. (The step cache is off: every probe must run.)
 
 use fleet_tests::stack::{containers, Stack};
+use fleet_tests::submit::git_repo;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const GRAPH: &str = r#"
@@ -28,24 +28,10 @@ nodes:
     status: probe.ok
 "#;
 
-fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let st = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .current_dir(dir)
-        .status()?;
-    anyhow::ensure!(st.success(), "git {args:?}");
-    Ok(())
-}
-
 fn repo(dir: &Path, content: &str) -> anyhow::Result<String> {
-    let r = dir.join("repo");
-    std::fs::create_dir_all(&r)?;
-    git(&r, &["init", "-q"])?;
-    std::fs::write(r.join("probe.txt"), content)?;
-    git(&r, &["add", "."])?;
-    git(&r, &["commit", "-qm", "probe"])?;
-    Ok(r.display().to_string())
+    Ok(git_repo(dir, "repo", &[("probe.txt", content)])?
+        .display()
+        .to_string())
 }
 
 /// What the probe printed, as `key=value` pairs.
