@@ -95,12 +95,22 @@ impl Coordinator {
         run: &RunId,
         look: impl FnOnce(&RunState) -> T,
     ) -> Result<T, DriverError> {
-        // The head first: a held state is shared only for the look itself, never across an
-        // await (a commit that takes a state a reader shares must copy it).
-        let head = self.store.head(run).await?;
-        if let Some((state, version)) = self.states.share(run) {
-            if current(&state, version, head.as_ref()) {
-                return Ok(look(&state));
+        {
+            // A commit here takes the state out while it runs: a look in that window would
+            // find nothing held and load the whole run from the store (at every commit of a
+            // big run a waiter watches). So the look waits for the commit in flight, and holds
+            // off the next one for a head read.
+            let _between_commits = match self.existing_run_lock(run) {
+                Some(lock) => Some(lock.lock_owned().await),
+                None => None,
+            };
+            // The head first: a held state is shared only for the look itself, never across
+            // an await (a commit that takes a state a reader shares must copy it).
+            let head = self.store.head(run).await?;
+            if let Some((state, version)) = self.states.share(run) {
+                if current(&state, version, head.as_ref()) {
+                    return Ok(look(&state));
+                }
             }
         }
         Ok(look(&self.load(run).await?))
