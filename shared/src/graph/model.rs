@@ -205,6 +205,18 @@ pub enum NodeBody {
     },
 }
 
+impl NodeBody {
+    /// Whether the step runs in a container (agents, commands, harness ops that run the
+    /// repository's code); the others run in the worker itself.
+    pub fn needs_container(&self) -> bool {
+        match self {
+            NodeBody::Agent(_) | NodeBody::Command { .. } => true,
+            NodeBody::Harness { op } => op.runs_in_container(),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentBody {
     pub template: String,
@@ -439,17 +451,12 @@ impl Node {
         self.worktree.as_ref().is_some_and(|w| w.commit)
     }
 
-    /// The op's name, for harness and git nodes.
-    /// Whether the node's step runs in a container (agents, commands, harness ops that run
-    /// the repository's code); the others run in the worker itself.
+    /// Whether the node's step runs in a container (`NodeBody::needs_container`).
     pub fn needs_container(&self) -> bool {
-        match &self.body {
-            NodeBody::Agent(_) | NodeBody::Command { .. } => true,
-            NodeBody::Harness { op } => op.runs_in_container(),
-            _ => false,
-        }
+        self.body.needs_container()
     }
 
+    /// The op's name, for harness and git nodes.
     pub fn op_name(&self) -> Option<&'static str> {
         match &self.body {
             NodeBody::Harness { op } => Some(op.name()),

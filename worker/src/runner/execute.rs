@@ -89,11 +89,18 @@ impl Runner {
             None => None,
         };
         let shared_worktree = worktree.as_ref().is_some_and(|wt| wt.is_shared());
+        let needs_container = node.needs_container();
+        // A step in the worker's own process without a worktree (a no-op, a tally) has no job
+        // folder: nothing to mount, give away or watch.
+        let folderless = worktree.is_none() && !needs_container;
         let mount = match &worktree {
             Some(wt) => wt.dir.clone(),
             None => {
                 let empty = dir.join("wt");
-                std::fs::create_dir_all(&empty).map_err(|e| RunError::Transient(e.to_string()))?;
+                if !folderless {
+                    std::fs::create_dir_all(&empty)
+                        .map_err(|e| RunError::Transient(e.to_string()))?;
+                }
                 empty
             }
         };
@@ -102,12 +109,11 @@ impl Runner {
             .as_ref()
             .is_some_and(|w| w.mode == WorktreeMode::Rw);
         // A shared checkout is only read (its files readable by all); nothing to give away.
-        if !shared_worktree {
+        if !shared_worktree && !folderless {
             let (mount, user) = (mount.clone(), self.config.sandbox_user.clone());
             crate::safe_fs::blocking(move || hand_over(&mount, &user)).await;
         }
 
-        let needs_container = node.needs_container();
         let timeout = Duration::from_secs(spec.timeout_seconds);
         let container_started = Instant::now();
         // A command agent's way to the model: its gateway, on a socket only its container
@@ -192,7 +198,7 @@ impl Runner {
         );
         // The job folder's quota is watched while the step runs: the container writes the
         // worktree (and the harness folder) through bind mounts its own limits do not bound.
-        let quota = self.resources.disk_quota;
+        let quota = self.resources.disk_quota.filter(|_| !folderless);
         let watch = async {
             match quota {
                 Some(q) => disk::watch(dir, q).await,

@@ -55,6 +55,13 @@ impl JobFolder {
         })
     }
 
+    /// Removes the folder, if the execution made one.
+    pub(super) async fn remove_if_made(folder: Option<Self>) {
+        if let Some(folder) = folder {
+            folder.remove().await;
+        }
+    }
+
     /// Removes the folder on the blocking pool (a job folder may hold gigabytes).
     pub(super) async fn remove(mut self) {
         let (Some(dir), job) = (self.dir.take(), std::mem::take(&mut self.job)) else {

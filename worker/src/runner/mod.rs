@@ -185,8 +185,14 @@ impl Runner {
     pub async fn run_as(&self, spec: &JobSpec, exec: &Execution) -> Result<JobResult, RunError> {
         let started_at = self.clock.now();
         let started = Instant::now();
-        let folder = JobFolder::create(&exec.dir, spec.job_id.as_str())
-            .map_err(|e| RunError::Transient(format!("job folder {}: {e}", exec.dir.display())))?;
+        let folder = if self.needs_folder(spec).await {
+            let folder = JobFolder::create(&exec.dir, spec.job_id.as_str()).map_err(|e| {
+                RunError::Transient(format!("job folder {}: {e}", exec.dir.display()))
+            })?;
+            Some(folder)
+        } else {
+            None
+        };
         // Known as running from the start, so a stop that comes while it sets up still counts.
         let stop = CancellationToken::new();
         unpoisoned(&self.running).insert(exec.tag.clone(), (spec.job_id.clone(), stop.clone()));
@@ -200,7 +206,7 @@ impl Runner {
         drop(registered);
         match supervised {
             Ok(Ok(result)) => {
-                folder.remove().await;
+                JobFolder::remove_if_made(folder).await;
                 self.metrics.observe_job(
                     spec.kind,
                     result.status,
@@ -211,7 +217,7 @@ impl Runner {
                 Ok(result)
             }
             Ok(Err(e)) => {
-                folder.remove().await;
+                JobFolder::remove_if_made(folder).await;
                 Err(e)
             }
             Err(payload) => {
@@ -221,7 +227,7 @@ impl Runner {
                 if let Err(e) = self.sandbox.remove_named(&exec.container).await {
                     warn!(job = %spec.job_id, container = %exec.container, error = %e, "could not remove the container of a panicked job");
                 }
-                folder.remove().await;
+                JobFolder::remove_if_made(folder).await;
                 let ran = Ran {
                     started_at,
                     finished_at: self.clock.now(),
@@ -236,6 +242,20 @@ impl Runner {
                 );
                 Ok(result)
             }
+        }
+    }
+
+    /// Whether an execution of the job needs a job folder: a worktree, or a container (its
+    /// mounts, its harness folder). A step in the worker's own process without a worktree writes
+    /// nothing to disk, and a job folder costs it more than the step (a directory made and
+    /// removed, given away and watched). When unsure (the graph unreadable), it gets one.
+    async fn needs_folder(&self, spec: &JobSpec) -> bool {
+        if spec.worktree.is_some() {
+            return true;
+        }
+        match self.bundle(&spec.graph_ref).await {
+            Ok(b) => needs_job_folder(false, b.graph.node(&spec.node).map(|n| &n.body)),
+            Err(_) => true,
         }
     }
 
@@ -300,4 +320,10 @@ impl Runner {
         }
         Ok(result)
     }
+}
+
+/// Whether an execution needs a job folder: a worktree, a container, or a node the graph does
+/// not have (the step fails, and the folder costs nothing next to being sure).
+pub(super) fn needs_job_folder(has_worktree: bool, node: Option<&shared::graph::NodeBody>) -> bool {
+    has_worktree || node.is_none_or(|body| body.needs_container())
 }

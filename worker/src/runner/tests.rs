@@ -350,3 +350,26 @@ fn only_read_only_steps_the_worker_never_writes_share_a_checkout() {
         );
     }
 }
+
+#[test]
+fn only_steps_in_the_workers_process_without_a_worktree_go_without_a_job_folder() {
+    use super::needs_job_folder;
+    use shared::graph::{HarnessOp, NodeBody};
+    let noop = NodeBody::Harness {
+        op: HarnessOp::Noop,
+    };
+    assert!(!needs_job_folder(false, Some(&noop)));
+    assert!(
+        needs_job_folder(true, Some(&noop)),
+        "a worktree lives in it"
+    );
+    let tests = NodeBody::Harness {
+        op: HarnessOp::RunTests,
+    };
+    assert!(needs_job_folder(false, Some(&tests)), "container mounts");
+    let command = NodeBody::Command {
+        commands: vec!["true".into()],
+    };
+    assert!(needs_job_folder(false, Some(&command)));
+    assert!(needs_job_folder(false, None), "a node the graph lacks");
+}
