@@ -294,19 +294,8 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
         &input,
         &script,
     )?;
-    // Told of the end by the API (no polling: a status read of a 100,000-job run costs the
-    // coordinator a copy of it), then the status read once; the run's own timestamps time it.
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    loop {
-        let (code, body) = stack
-            .get_answer(&format!("/v1/runs/{run}/result?wait_seconds=60"))
-            .await?;
-        match code {
-            200 => break,
-            409 if Instant::now() < deadline => continue,
-            _ => anyhow::bail!("run {run}: {code} {body}"),
-        }
-    }
+    // Told of the end by the API, then the status read once; the run's own timestamps time it.
+    stack.wait_run_told(&run, Duration::from_secs(1800)).await?;
     // The coordinator's peak memory while it ran the run (before the status read renders it).
     let coordinator_peak_rss_mib = stack.coordinator_pid().and_then(peak_rss_mib);
     let st = stack.get(&format!("/v1/runs/{run}")).await?;

@@ -716,6 +716,22 @@ impl Stack {
         }
     }
 
+    /// Waits for the run's end as a client told by the API does (`result?wait_seconds`, no
+    /// polling: a status read of a big run costs the coordinator a copy of it).
+    pub async fn wait_run_told(&self, run: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (code, body) = self
+                .get_answer(&format!("/v1/runs/{run}/result?wait_seconds=60"))
+                .await?;
+            match code {
+                200 => return Ok(()),
+                409 if Instant::now() < deadline => continue,
+                _ => bail!("run {run}: {code} {body}"),
+            }
+        }
+    }
+
     /// Runs the `fleet` CLI against this stack.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<CliOutput> {
         self.cli_env(args, &[])
