@@ -2,10 +2,12 @@
 //! (RabbitMQ, Redis, the bucket) ends the process within the startup wait with an error naming
 //! it and its address (never its credentials); logs in a file carry no colour codes; JSON logs
 //! parse; `fleet wait | head -1` ends without a panic; cancelling a finished run says so; a
-//! graph with an unknown field is refused naming the field.
+//! graph with an unknown field is refused naming the field; a client waiting on a fan-out does
+//! not make the coordinator read the whole run back from the store at each commit.
 
 use fleet_tests::stack::{
-    base_env, example, fleet_bin, make_calc_repo, unique_namespace, workspace_root, Stack,
+    base_env, example, fleet_bin, make_calc_repo, sum_samples, unique_namespace, workspace_root,
+    Stack,
 };
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -370,6 +372,55 @@ async fn a_client_waiting_for_a_result_is_answered_when_the_run_finishes() -> an
         .get_answer("/v1/runs/no-such-run/result?wait_seconds=5")
         .await?;
     assert_eq!(code, 404, "{body}");
+    Ok(())
+}
+
+/// A client waiting on a run's result is told at every commit and looks at the run each time.
+/// While a commit has the run's state out, that look used to read the whole run back from
+/// Redis, at every commit of a big fan-out (0.9 ms of coordinator CPU per job at 30,000
+/// branches: BENCHMARKS.md §16). Now it waits for the commit in flight. The run is read from
+/// the store only at its first commit, at the waiter's first look (before any commit) and at
+/// its look once the run ended and was let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_a_fan_out_never_makes_the_coordinator_reload_the_run() -> anyhow::Result<()> {
+    let stack = Stack::start_with("opwaitfan", 2, 8, &[]).await?;
+    let repo = make_calc_repo(stack.dir.path())?;
+    let graph = workspace_root().join("graphs/bench/fanout.yaml");
+    let script = stack.dir.path().join("script.json");
+    std::fs::write(&script, "{}")?;
+    let input = stack.dir.path().join("input.json");
+    let items: Vec<usize> = (0..400).collect();
+    std::fs::write(
+        &input,
+        serde_json::to_vec(&serde_json::json!({"items": items}))?,
+    )?;
+    let metric = |text: &str, name: &str, labels: &[(&str, &str)]| sum_samples(text, name, labels);
+    let before = stack.get_text("/metrics").await?;
+    let run = fleet_tests::submit::submit_with_script(&stack, &graph, &repo, &input, &script)?;
+    stack.wait_run_told(&run, Duration::from_secs(300)).await?;
+    let after = stack.get_text("/metrics").await?;
+    let st = stack.get(&format!("/v1/runs/{run}")).await?;
+    assert_eq!(st["status"], "succeeded", "{st}");
+    assert_eq!(st["joins"]["gather"]["fired"], 1, "{st}");
+    let commits = metric(
+        &after,
+        "fleet_commit_phase_seconds_count",
+        &[("phase", "load")],
+    ) - metric(
+        &before,
+        "fleet_commit_phase_seconds_count",
+        &[("phase", "load")],
+    );
+    let loads = metric(&after, "fleet_run_store_loads_total", &[])
+        - metric(&before, "fleet_run_store_loads_total", &[]);
+    assert!(
+        commits >= 5.0,
+        "a fan-out of 400 takes many commits for the waiter to look at: {commits}"
+    );
+    assert!(
+        loads <= 3.0,
+        "the run was read from the store {loads} times over {commits} commits"
+    );
     Ok(())
 }
 

@@ -21,6 +21,9 @@ pub struct CoordinatorMetrics {
     pub upload_bytes_stored: IntCounter,
     /// Job messages that waited in their team's line (its `concurrent_jobs`).
     pub jobs_held: IntCounter,
+    /// Whole runs read from the run store: a state this coordinator did not hold at the
+    /// store's head (a run committed elsewhere, let go, or first seen here).
+    pub store_loads: IntCounter,
     /// Seconds each phase of a group commit took (`load`, `engine`, `outbox`, `store`,
     /// `mirror`, `after`): where a result's cost goes in the coordinator.
     pub commit_phase: HistogramVec,
@@ -120,6 +123,14 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(jobs_held.clone()))
             .expect("unique");
+        let store_loads = IntCounter::new(
+            "fleet_run_store_loads_total",
+            "whole runs read from the run store (a state this coordinator did not hold)",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(store_loads.clone()))
+            .expect("unique");
         let commit_phase = HistogramVec::new(
             HistogramOpts::new(
                 "fleet_commit_phase_seconds",
@@ -158,6 +169,7 @@ impl CoordinatorMetrics {
             mirror_bytes,
             commit_phase,
             jobs_held,
+            store_loads,
             uploads,
             upload_bytes_stored,
             registry,

@@ -449,12 +449,6 @@ impl Coordinator {
             .clone()
     }
 
-    /// The run's commit lock if this coordinator has made one (a commit may be in flight);
-    /// never makes one (a look at a run that ended must not leave a lock behind).
-    fn existing_run_lock(&self, run: &RunId) -> Option<Arc<tokio::sync::Mutex<()>>> {
-        self.run_locks.lock().expect("run locks").get(run).cloned()
-    }
-
     fn forget_run(&self, run: &RunId) {
         self.run_locks.lock().expect("run locks").remove(run);
         self.mirrored.lock().expect("mirror marks").remove(run);

@@ -116,6 +116,12 @@ impl Coordinator {
         Ok(look(&self.load(run).await?))
     }
 
+    /// The run's commit lock if this coordinator has made one (a commit may be in flight);
+    /// never makes one (a look at a run that ended must not leave a lock behind).
+    fn existing_run_lock(&self, run: &RunId) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        self.run_locks.lock().expect("run locks").get(run).cloned()
+    }
+
     /// The run's state to commit on: the held one when the store's head still names it.
     pub(super) async fn load_for_commit(&self, run: &RunId) -> Result<Held, DriverError> {
         if let Some(held) = self.states.take(run) {

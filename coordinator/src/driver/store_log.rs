@@ -59,6 +59,7 @@ impl Coordinator {
         let Some(stored) = self.store.load(run).await? else {
             return Ok(None);
         };
+        self.metrics.store_loads.inc();
         let weight = Weight {
             snapshot_bytes: stored.snapshot_bytes,
             delta_bytes: stored.delta_bytes(),
