@@ -35,7 +35,7 @@ if [ "$quick" = 1 ]; then
   fan_small_repeat=1 fan_large=2000 fan_large_repeat=1 rt_n=50 cycles=5 jobs=5
   wt_files=2000 wt_rounds=3 scale_n=2000
 else
-  fan_small_repeat=3 fan_large=10000 fan_large_repeat=2 rt_n=200 cycles=20 jobs=30
+  fan_small_repeat=5 fan_large=10000 fan_large_repeat=2 rt_n=200 cycles=20 jobs=30
   wt_files=10000 wt_rounds=10 scale_n=10000
 fi
 

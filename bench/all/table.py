@@ -15,6 +15,14 @@ END = "<!-- bench-all:end -->"
 PROCESSES = ["coordinator", "worker", "rabbitmq", "redis", "s3"]
 
 
+
+def spread(r):
+    """How many runs a median stands for, and their range."""
+    runs = r.get("runs") or []
+    if len(runs) < 2:
+        return ""
+    return f" (median of {len(runs)} runs, {min(runs):.2f}–{max(runs):.2f} s)"
+
 def load(path):
     by_tag = {}
     with open(path) as f:
@@ -71,7 +79,7 @@ def render(by_tag, command, cores, celery, s3):
                      f"{need * total / 1e3:.1f} cores of {cores}")
         rows.append((f"fan-out of {label or f'{n:,}'} no-op jobs into one join",
                      "≥ 10× Celery", measured,
-                     f"Celery chord {celery_r['median']:.2f} s", ratio >= 10, bound))
+                     f"Celery chord {celery_r['median']:.2f} s{spread(celery_r)}", ratio >= 10, bound))
 
     if busiest:
         best = max((r for r in scale.values() if r), key=lambda r: r["fleet_share_of_broker_limit"])
