@@ -717,7 +717,7 @@ impl Stack {
     }
 
     /// Waits for the run's end as a client told by the API does (`result?wait_seconds`, no
-    /// polling: a status read of a big run costs the coordinator a copy of it).
+    /// polling: a status read of a big run renders every one of its jobs).
     pub async fn wait_run_told(&self, run: &str, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {

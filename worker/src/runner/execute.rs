@@ -91,8 +91,8 @@ impl Runner {
         let shared_worktree = worktree.as_ref().is_some_and(|wt| wt.is_shared());
         let needs_container = node.needs_container();
         // A step in the worker's own process without a worktree (a no-op, a tally) has no job
-        // folder: nothing to mount, give away or watch.
-        let folderless = worktree.is_none() && !needs_container;
+        // folder (`run_as` made none): nothing to mount, give away or watch.
+        let folderless = !super::needs_job_folder(spec, Some(&node.body));
         let mount = match &worktree {
             Some(wt) => wt.dir.clone(),
             None => {

@@ -250,11 +250,8 @@ impl Runner {
     /// nothing to disk, and a job folder costs it more than the step (a directory made and
     /// removed, given away and watched). When unsure (the graph unreadable), it gets one.
     async fn needs_folder(&self, spec: &JobSpec) -> bool {
-        if spec.worktree.is_some() {
-            return true;
-        }
         match self.bundle(&spec.graph_ref).await {
-            Ok(b) => needs_job_folder(false, b.graph.node(&spec.node).map(|n| &n.body)),
+            Ok(b) => needs_job_folder(spec, b.graph.node(&spec.node).map(|n| &n.body)),
             Err(_) => true,
         }
     }
@@ -324,6 +321,6 @@ impl Runner {
 
 /// Whether an execution needs a job folder: a worktree, a container, or a node the graph does
 /// not have (the step fails, and the folder costs nothing next to being sure).
-pub(super) fn needs_job_folder(has_worktree: bool, node: Option<&shared::graph::NodeBody>) -> bool {
-    has_worktree || node.is_none_or(|body| body.needs_container())
+pub(super) fn needs_job_folder(spec: &JobSpec, node: Option<&shared::graph::NodeBody>) -> bool {
+    spec.worktree.is_some() || node.is_none_or(|body| body.needs_container())
 }

@@ -354,22 +354,36 @@ fn only_read_only_steps_the_worker_never_writes_share_a_checkout() {
 #[test]
 fn only_steps_in_the_workers_process_without_a_worktree_go_without_a_job_folder() {
     use super::needs_job_folder;
-    use shared::graph::{HarnessOp, NodeBody};
+    use shared::graph::{HarnessOp, NodeBody, WorktreeMode};
+    use shared::messages::WorktreeSpec;
+    let bare = spec();
+    assert!(bare.worktree.is_none());
+    let with_worktree = JobSpec {
+        worktree: Some(WorktreeSpec {
+            commit: "0".repeat(40),
+            run_base: None,
+            packs: vec![],
+            mode: WorktreeMode::Ro,
+            commit_out: false,
+            git: None,
+        }),
+        ..spec()
+    };
     let noop = NodeBody::Harness {
         op: HarnessOp::Noop,
     };
-    assert!(!needs_job_folder(false, Some(&noop)));
+    assert!(!needs_job_folder(&bare, Some(&noop)));
     assert!(
-        needs_job_folder(true, Some(&noop)),
+        needs_job_folder(&with_worktree, Some(&noop)),
         "a worktree lives in it"
     );
     let tests = NodeBody::Harness {
         op: HarnessOp::RunTests,
     };
-    assert!(needs_job_folder(false, Some(&tests)), "container mounts");
+    assert!(needs_job_folder(&bare, Some(&tests)), "container mounts");
     let command = NodeBody::Command {
         commands: vec!["true".into()],
     };
-    assert!(needs_job_folder(false, Some(&command)));
-    assert!(needs_job_folder(false, None), "a node the graph lacks");
+    assert!(needs_job_folder(&bare, Some(&command)));
+    assert!(needs_job_folder(&bare, None), "a node the graph lacks");
 }
