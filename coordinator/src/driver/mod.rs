@@ -15,6 +15,7 @@ mod mirror;
 mod notices;
 mod relay;
 mod retention;
+mod settle;
 mod state_cache;
 mod store_log;
 mod team_notices;
