@@ -1,5 +1,4 @@
-//! Faults at named points of the job path, on the real stack: a worker's results held behind
-//! an unconfirmed publish and sent together, a worker killed at four points,
+//! Faults at named points of the job path, on the real stack: a worker killed at four points,
 //! Redis lost (`SHUTDOWN NOSAVE`, restarted empty) at three, a coordinator killed between
 //! claiming outbox messages and the broker's confirm. Each process stops at its point
 //! (`FLEET_FAULT_PAUSE`, see `worker::faults`) and the test acts when the point's marker
@@ -127,87 +126,6 @@ fn job_folders(work_dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(work_dir.join("jobs"))
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
         .unwrap_or_default()
-}
-
-const EIGHT: &str = r#"
-name: eight
-start: spread
-nodes:
-  spread: {kind: fanout, over: input.items, body: each, join: gather}
-  each: {kind: harness, op: noop, with: {value: item}, routes: [{to: gather}]}
-  gather: {kind: join, routes: [{to: done}]}
-  done: {kind: exit, status: gather.ok and gather.output.count == 8}
-"#;
-
-/// Results that become ready while the worker's publish before them is unconfirmed go out in
-/// one message, through RabbitMQ, and the coordinator applies each: the first result's publish
-/// is held at a fault point until the other branches finished.
-#[tokio::test]
-async fn results_ready_together_go_out_in_one_message_and_each_is_applied_once(
-) -> anyhow::Result<()> {
-    let faults = Faults::new()?;
-    let fault_dir = faults.dir();
-    let point = "worker.before_result_publish";
-    let stack = Stack::start_config(StackConfig {
-        tag: "batch",
-        workers: 1,
-        concurrency: 8,
-        worker_env: &[
-            ("FLEET_FAULT_PAUSE", point),
-            ("FLEET_FAULT_DIR", &fault_dir),
-        ],
-        ..StackConfig::default()
-    })
-    .await?;
-    let worker = stack.worker_ids()[0].clone();
-    let dir = stack.dir.path();
-    let graph = write_graph(dir, "eight", EIGHT)?;
-    let repo = make_calc_repo(dir)?.display().to_string();
-    let input = dir.join("input-eight.json");
-    std::fs::write(
-        &input,
-        serde_json::to_vec(&json!({"items": (1..=8).collect::<Vec<_>>()}))?,
-    )?;
-    let script = dir.join("empty-script.json");
-    std::fs::write(&script, "{}")?;
-    let run = submit_with_script(&stack, Path::new(&graph), Path::new(&repo), &input, &script)?;
-    faults.reached(point, Duration::from_secs(60)).await?;
-    // The other seven branches end while the first result waits for its publish.
-    let jobs = "fleet_worker_jobs_total";
-    stack
-        .wait_for_metric(&worker, jobs, &[], 8.0, Duration::from_secs(60))
-        .await?;
-    faults.resume(point)?;
-
-    let status = stack.wait_run(&run, Duration::from_secs(60)).await?;
-    assert_eq!(status["status"], "succeeded", "{status}");
-    assert_eq!(
-        status["joins"]["gather"]["fired"], 1,
-        "the join fired once: {status}"
-    );
-    let applied = applied_nodes(&stack, &run).await?;
-    let each = applied.iter().filter(|n| *n == "each").count();
-    assert_eq!(each, 8, "each branch's result applied once: {applied:?}");
-    let metric = |name: &'static str, labels: &'static [(&'static str, &'static str)]| {
-        stack.worker_metric(&worker, name, labels)
-    };
-    let results = metric("fleet_worker_results_per_message_sum", &[]).await?;
-    let messages = metric("fleet_worker_results_per_message_count", &[]).await?;
-    let small = metric("fleet_worker_results_per_message_bucket", &[("le", "4")]).await?;
-    assert_eq!(
-        results,
-        metric(jobs, &[]).await?,
-        "every result was published"
-    );
-    assert!(
-        messages - small >= 1.0,
-        "the seven results held behind the first went out together: {messages} messages, {small} of at most 4 results"
-    );
-    assert!(
-        messages <= results - 6.0,
-        "{messages} messages for {results} results"
-    );
-    Ok(())
 }
 
 /// A worker killed (SIGKILL) at `point` on a two-step run, then started again with the same

@@ -5,7 +5,7 @@
 //! once per process.
 //!
 //! Points (each named where it is passed): `worker.before_container`, `worker.mid_run`,
-//! `worker.before_result_publish`, `worker.after_store`, `worker.after_ack`, `coordinator.after_commit`,
+//! `worker.after_store`, `worker.after_ack`, `coordinator.after_commit`,
 //! `coordinator.after_claim`, `coordinator.after_publish`.
 
 use std::path::PathBuf;

@@ -49,7 +49,6 @@ impl Reporter {
                 let (envelopes, confirms): (Vec<_>, Vec<_>) =
                     batch.into_iter().map(|w| (w.envelope, w.confirmed)).unzip();
                 per_message.observe(envelopes.len() as f64);
-                crate::faults::point("worker.before_result_publish").await;
                 let outcome = publish(broker.as_ref(), envelopes).await;
                 for c in confirms {
                     // A caller that stopped waiting has nothing left to ack.
