@@ -104,11 +104,6 @@ pub struct WorkerSettings {
     pub id: Option<String>,
     #[arg(long, env = "FLEET_CONCURRENCY", default_value_t = 2)]
     pub concurrency: usize,
-    /// Most job results the worker publishes in one message when several are ready together
-    /// (1 to 64; 1: one message per result).
-    #[arg(long, env = "FLEET_RESULTS_PER_MESSAGE", default_value_t = 64,
-          value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub results_per_message: u16,
     #[arg(long, env = "FLEET_WORK_DIR")]
     pub work_dir: Option<PathBuf>,
     #[arg(long, value_enum, env = "FLEET_SANDBOX", default_value = "docker")]
@@ -168,7 +163,6 @@ impl WorkerSettings {
                 std::env::temp_dir().join(format!("fleet-worker-{}", self.id()))
             }),
             concurrency: self.concurrency,
-            results_per_message: usize::from(self.results_per_message),
             sandbox_user: self.sandbox_user.clone(),
             llm,
             limits: Limits {

@@ -93,7 +93,6 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
     let executions = Arc::new(Executions::default());
     let reporter = Arc::new(Reporter::start(
         broker.clone(),
-        runner.config.results_per_message,
         runner.metrics.results_per_message.clone(),
     ));
     let mut jobs = broker.subscribe(QueueName::Jobs, concurrency as u16);

@@ -1,8 +1,7 @@
 //! Publishes finished jobs' results to the results queue, several in one message when they are
 //! ready together. A result never waits for a timer: it waits only while the message before it
-//! is being confirmed, and goes out with whatever else became ready meanwhile (at most the
-//! worker's `results_per_message`, never over [`MAX_RESULTS`], in one message, each at most
-//! `INLINE_LIMIT` bytes inline). Under load one
+//! is being confirmed, and goes out with whatever else became ready meanwhile (at most
+//! [`MAX_RESULTS`] in one message, each at most `INLINE_LIMIT` bytes inline). Under load one
 //! confirm then covers many jobs, and the broker, the worker and the coordinator each handle one
 //! message where they handled many; alone, a result goes out at once, as before.
 //!
@@ -32,15 +31,13 @@ pub(crate) struct Reporter {
 }
 
 impl Reporter {
-    /// Starts the publishing task, which puts at most `most` results in one message; it ends
-    /// when the reporter is dropped.
-    pub fn start(broker: Arc<dyn Broker>, most: usize, per_message: Histogram) -> Self {
-        let most = most.clamp(1, MAX_RESULTS);
+    /// Starts the publishing task; it ends when the reporter is dropped.
+    pub fn start(broker: Arc<dyn Broker>, per_message: Histogram) -> Self {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Waiting>();
         tokio::spawn(async move {
             while let Some(first) = waiting.recv().await {
                 let mut batch = vec![first];
-                while batch.len() < most {
+                while batch.len() < MAX_RESULTS {
                     match waiting.try_recv() {
                         Ok(next) => batch.push(next),
                         Err(_) => break,
@@ -183,11 +180,7 @@ mod tests {
     ) {
         let broker = Arc::new(HeldBroker::default());
         let per_message = Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap();
-        let reporter = Arc::new(Reporter::start(
-            broker.clone(),
-            MAX_RESULTS,
-            per_message.clone(),
-        ));
+        let reporter = Arc::new(Reporter::start(broker.clone(), per_message.clone()));
         let report = |i| {
             let reporter = reporter.clone();
             tokio::spawn(async move { reporter.report(envelope(i)).await })
@@ -235,7 +228,7 @@ mod tests {
     async fn a_refused_publish_fails_every_result_in_it_and_the_next_ones_go_out() {
         let broker = Arc::new(HeldBroker::default());
         let per_message = Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap();
-        let reporter = Arc::new(Reporter::start(broker.clone(), MAX_RESULTS, per_message));
+        let reporter = Arc::new(Reporter::start(broker.clone(), per_message));
         broker
             .refuse
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -266,27 +259,5 @@ mod tests {
         broker.confirms.add_permits(1);
         assert_eq!(reporter.report(envelope(9)).await, Ok(()));
         assert_eq!(published(&broker).len(), 3);
-    }
-
-    #[tokio::test]
-    async fn a_worker_set_to_one_result_per_message_publishes_each_alone() {
-        let broker = Arc::new(HeldBroker::default());
-        let per_message = Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap();
-        let reporter = Arc::new(Reporter::start(broker.clone(), 1, per_message));
-        broker.confirms.add_permits(10);
-        let all: Vec<_> = (0..5)
-            .map(|i| {
-                let reporter = reporter.clone();
-                tokio::spawn(async move { reporter.report(envelope(i)).await })
-            })
-            .collect();
-        for r in all {
-            assert_eq!(r.await.unwrap(), Ok(()));
-        }
-        let published = published(&broker);
-        assert_eq!(published.len(), 5);
-        assert!(published
-            .iter()
-            .all(|m| matches!(m, ResultMessage::Finished(_))));
     }
 }

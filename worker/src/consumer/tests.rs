@@ -133,7 +133,6 @@ async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
         id: "w1".into(),
         work_dir: tmp.path().join("work"),
         concurrency: 2,
-        results_per_message: reporter::MAX_RESULTS,
         sandbox_user: "1000:1000".into(),
         llm: Default::default(),
         limits: Limits::default(),
@@ -165,7 +164,6 @@ async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
     let results = broker.subscribe(QueueName::Results, 8);
     let reporter = Arc::new(Reporter::start(
         broker.clone(),
-        runner.config.results_per_message,
         runner.metrics.results_per_message.clone(),
     ));
     Fixture {

@@ -74,8 +74,6 @@ pub struct WorkerConfig {
     pub id: String,
     pub work_dir: PathBuf,
     pub concurrency: usize,
-    /// Most job results in one message to the results queue (1: one message per result).
-    pub results_per_message: usize,
     /// `uid:gid` the containers run as (never root).
     pub sandbox_user: String,
     pub llm: LlmSettings,
