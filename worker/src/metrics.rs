@@ -1,8 +1,8 @@
 //! Prometheus metrics of a worker. Labels stay bounded: kinds and statuses, never ids.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 use shared::graph::NodeKind;
 use shared::messages::{JobStatus, Usage};
@@ -38,9 +38,6 @@ pub struct Metrics {
     /// What the worker removed because its disk was low, by `what`: `checkout` (an idle shared
     /// checkout) or `job_dir` (a job folder no running execution owned).
     pub disk_pressure_evictions: IntCounterVec,
-    /// Results in each message the worker published to the results queue (1, or more when
-    /// several jobs' results were ready together).
-    pub results_per_message: Histogram,
 }
 
 impl Metrics {
@@ -145,14 +142,6 @@ impl Metrics {
             &["what"],
         )
         .expect("valid metric");
-        let results_per_message = Histogram::with_opts(
-            HistogramOpts::new(
-                "fleet_worker_results_per_message",
-                "job results in each message published to the results queue",
-            )
-            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
-        )
-        .expect("valid metric");
         let warm_ready = IntGauge::new(
             "fleet_worker_warm_containers",
             "warm containers started ahead and ready for a job",
@@ -186,9 +175,6 @@ impl Metrics {
         registry
             .register(Box::new(job_seconds.clone()))
             .expect("unique metric");
-        registry
-            .register(Box::new(results_per_message.clone()))
-            .expect("unique metric");
         Self {
             registry,
             jobs,
@@ -206,7 +192,6 @@ impl Metrics {
             warm_ready,
             worktrees,
             disk_pressure_evictions,
-            results_per_message,
         }
     }
 

@@ -2,26 +2,24 @@
 //! applies each run's queue in one batch (a group commit), acking only after the commit and
 //! its mirror. A message on the results queue is a `ResultMessage` (a start notice, a result,
 //! or a message between runs of a tree: a child to start, a child's end, a cancel, a sibling
-//! event), read by `ResultMessage::decode` alone; one it cannot read is dead-lettered. A
-//! worker's batch of results is read part by part (`settle.rs` acks it once every part is).
+//! event), read by `ResultMessage::decode` alone; one it cannot read is dead-lettered.
 
-use super::settle::Settle;
 use super::{Coordinator, DriverError};
 use shared::engine::Event;
 use shared::ids::RunId;
-use shared::messages::{JobEnvelope, JobResult, ResultEnvelope, ResultMessage, WIRE_VERSION};
+use shared::messages::{JobEnvelope, JobResult, ResultMessage, WIRE_VERSION};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 use worker::blobs::BlobError;
-use worker::queue::QueueName;
+use worker::queue::{Incoming, QueueName};
 
 /// Messages waiting to be applied, per run, and the runs with a flusher at work.
 #[derive(Default)]
 pub(super) struct Inbox {
-    pending: HashMap<RunId, Vec<(Event, Settle)>>,
+    pending: HashMap<RunId, Vec<(Event, Incoming)>>,
     flushing: HashSet<RunId>,
 }
 
@@ -54,26 +52,21 @@ impl Coordinator {
                     Err(_) => break,
                 }
             }
-            let mut by_run: HashMap<RunId, Vec<(Event, Settle)>> = HashMap::new();
+            let mut by_run: HashMap<RunId, Vec<(Event, Incoming)>> = HashMap::new();
             for msg in batch {
-                let parts = match self.read(queue, &msg.body).await {
-                    Ok(parts) => parts,
-                    Err(e) => {
-                        refuse(queue, Settle::Whole(msg), e, &self.metrics.poison).await;
-                        continue;
+                match self.decode(queue, &msg.body).await {
+                    Ok(Inbound::Event(run, event)) => {
+                        by_run.entry(run).or_default().push((event, msg))
                     }
-                };
-                let settles = Settle::split(msg, parts.len());
-                for (part, settle) in parts.into_iter().zip(settles) {
-                    match part {
-                        Ok(Inbound::Event(run, event)) => {
-                            by_run.entry(run).or_default().push((event, settle))
+                    Ok(Inbound::Start(child)) => {
+                        let me = self.clone();
+                        tokio::spawn(async move { me.settle_start(*child, msg).await });
+                    }
+                    Err(e) => {
+                        if matches!(e, HandleError::Poison(_)) {
+                            self.metrics.poison.inc();
                         }
-                        Ok(Inbound::Start(child)) => {
-                            let me = self.clone();
-                            tokio::spawn(async move { me.settle_start(*child, settle).await });
-                        }
-                        Err(e) => refuse(queue, settle, e, &self.metrics.poison).await,
+                        refuse(queue, msg, e).await
                     }
                 }
             }
@@ -85,7 +78,7 @@ impl Coordinator {
 
     /// Queues messages for a run; one flusher per run applies everything queued in one batch,
     /// so batches grow with the load instead of queueing behind each other.
-    fn enqueue(self: Arc<Self>, run: RunId, items: Vec<(Event, Settle)>) {
+    fn enqueue(self: Arc<Self>, run: RunId, items: Vec<(Event, Incoming)>) {
         let start = {
             let mut inbox = self.inbox.lock().expect("inbox");
             inbox.pending.entry(run.clone()).or_default().extend(items);
@@ -124,25 +117,25 @@ impl Coordinator {
         }
     }
 
-    async fn settle(&self, run: RunId, items: Vec<(Event, Settle)>) {
-        let (events, msgs): (Vec<Event>, Vec<Settle>) = items.into_iter().unzip();
+    async fn settle(&self, run: RunId, items: Vec<(Event, Incoming)>) {
+        let (events, msgs): (Vec<Event>, Vec<Incoming>) = items.into_iter().unzip();
         match self.apply_batch(&run, &events).await {
             Ok(_) => {
                 for m in msgs {
-                    m.ack().await;
+                    let _ = m.ack().await;
                 }
             }
             Err(DriverError::UnknownRun(_)) => {
                 warn!(run = %run, "messages for an unknown run; dropping them");
                 for m in msgs {
-                    m.reject().await;
+                    let _ = m.reject().await;
                 }
             }
             Err(e) => {
                 warn!(run = %run, error = %e, "could not apply messages; requeueing");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 for m in msgs {
-                    m.requeue().await;
+                    let _ = m.requeue().await;
                 }
             }
         }
@@ -150,155 +143,124 @@ impl Coordinator {
 
     /// Creates a child run, acking once it exists (and is cancelled if its parent no longer
     /// waits for it).
-    async fn settle_start(&self, child: shared::engine::ChildRun, msg: Settle) {
+    async fn settle_start(&self, child: shared::engine::ChildRun, msg: Incoming) {
         let run = child.run.run_id.clone();
         match self.start_child(child).await {
-            Ok(()) => msg.ack().await,
+            Ok(()) => {
+                let _ = msg.ack().await;
+            }
             Err(e) => {
                 warn!(run = %run, error = %e, "could not start a child run; requeueing");
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                msg.requeue().await;
+                let _ = msg.requeue().await;
             }
         }
     }
 
-    /// What a message asks for, part by part: one part, or one per result of a worker's batch
-    /// (a part that does not read is refused alone). An error refuses the whole message.
-    async fn read(
-        &self,
-        queue: QueueName,
-        body: &[u8],
-    ) -> Result<Vec<Result<Inbound, HandleError>>, HandleError> {
-        let batch = match queue {
-            QueueName::DeadJobs => return Ok(vec![self.dead_job(body)]),
-            QueueName::Jobs => {
-                return Err(HandleError::Poison(
-                    "the coordinator does not take jobs".into(),
+    /// What a message stands for: an event for a run, or a child run to create.
+    async fn decode(&self, queue: QueueName, body: &[u8]) -> Result<Inbound, HandleError> {
+        match queue {
+            QueueName::Results => {
+                let env = match read_result(body)? {
+                    ResultMessage::Started(notice) => {
+                        let event = Event::JobStarted {
+                            job_id: notice.job_id,
+                            attempt: notice.attempt,
+                            worker: notice.worker,
+                            at: self.clock.now(),
+                        };
+                        return Ok(Inbound::Event(notice.run_id, event));
+                    }
+                    ResultMessage::Finished(env) => env,
+                    ResultMessage::Progress(notice) => {
+                        let run = notice.run_id.clone();
+                        let event = Event::Progress {
+                            notice: Box::new(notice),
+                            at: self.clock.now(),
+                        };
+                        return Ok(Inbound::Event(run, event));
+                    }
+                    ResultMessage::StartRun(msg) => {
+                        let child: shared::engine::ChildRun =
+                            self.run_message_body(&msg).await.map_err(blob_error)?;
+                        if child.run.run_id != msg.run_id {
+                            return Err(HandleError::Poison(
+                                "a start message names another run than its body".into(),
+                            ));
+                        }
+                        return Ok(Inbound::Start(Box::new(child)));
+                    }
+                    ResultMessage::ChildFinished(msg) => {
+                        let report: shared::engine::ChildReport =
+                            self.run_message_body(&msg).await.map_err(blob_error)?;
+                        if report.parent != msg.run_id {
+                            return Err(HandleError::Poison(
+                                "a child's report names another parent than its message".into(),
+                            ));
+                        }
+                        return Ok(Inbound::Event(
+                            msg.run_id,
+                            self.child_finished_event(report),
+                        ));
+                    }
+                    ResultMessage::SiblingEvent(msg) => {
+                        let event =
+                            Box::new(self.run_message_body(&msg).await.map_err(blob_error)?);
+                        let at = self.clock.now();
+                        return Ok(Inbound::Event(
+                            msg.run_id,
+                            Event::SiblingEvent { event, at },
+                        ));
+                    }
+                    ResultMessage::FromSibling(msg) => {
+                        let event =
+                            Box::new(self.run_message_body(&msg).await.map_err(blob_error)?);
+                        let at = self.clock.now();
+                        return Ok(Inbound::Event(msg.run_id, Event::FromSibling { event, at }));
+                    }
+                    ResultMessage::CancelRun(msg) => {
+                        let event = Event::Cancel {
+                            at: self.clock.now(),
+                        };
+                        return Ok(Inbound::Event(msg.run_id, event));
+                    }
+                };
+                let result: JobResult = match env.result {
+                    Some(inline) => *inline,
+                    None => self
+                        .blobs
+                        .get_content(&env.result_ref)
+                        .await
+                        .map_err(blob_error)?,
+                };
+                Ok(Inbound::Event(
+                    env.run_id,
+                    Event::JobFinished {
+                        result: Box::new(result),
+                        at: self.clock.now(),
+                    },
                 ))
             }
-            QueueName::Results => match read_result(body)? {
-                ResultMessage::FinishedBatch(batch) => batch,
-                other => return Ok(vec![self.result_message(other).await]),
-            },
-        };
-        if batch.results.is_empty() {
-            return Err(HandleError::Poison("a batch of no results".into()));
-        }
-        let mut parts = Vec::with_capacity(batch.results.len());
-        for env in batch.results {
-            let part = match check_wire_version(env.v) {
-                Ok(()) => self.finished(env).await,
-                Err(e) => Err(e),
-            };
-            parts.push(part);
-        }
-        Ok(parts)
-    }
-
-    /// A job's result, read inline or fetched by its key.
-    async fn finished(&self, env: ResultEnvelope) -> Result<Inbound, HandleError> {
-        let result: JobResult = match env.result {
-            Some(inline) => *inline,
-            None => self
-                .blobs
-                .get_content(&env.result_ref)
-                .await
-                .map_err(blob_error)?,
-        };
-        Ok(Inbound::Event(
-            env.run_id,
-            Event::JobFinished {
-                result: Box::new(result),
-                at: self.clock.now(),
-            },
-        ))
-    }
-
-    /// What a message on the results queue stands for: an event for a run, or a child run to
-    /// create (a batch is read part by part in `read`).
-    async fn result_message(&self, message: ResultMessage) -> Result<Inbound, HandleError> {
-        match message {
-            ResultMessage::Started(notice) => {
-                let event = Event::JobStarted {
-                    job_id: notice.job_id,
-                    attempt: notice.attempt,
-                    worker: notice.worker,
-                    at: self.clock.now(),
-                };
-                Ok(Inbound::Event(notice.run_id, event))
+            QueueName::DeadJobs => {
+                let env: JobEnvelope =
+                    serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
+                check_wire_version(env.v)?;
+                warn!(run = %env.run_id, job = %env.job_id, "job dead-lettered");
+                Ok(Inbound::Event(
+                    env.run_id,
+                    Event::JobDead {
+                        job_id: env.job_id.clone(),
+                        attempt: env.attempt,
+                        reason: "the job reached its delivery limit or was rejected as poison"
+                            .into(),
+                        at: self.clock.now(),
+                    },
+                ))
             }
-            ResultMessage::Finished(env) => self.finished(env).await,
-            ResultMessage::FinishedBatch(_) => Err(HandleError::Poison(
-                "a batch of results read as one message".into(),
+            QueueName::Jobs => Err(HandleError::Poison(
+                "the coordinator does not take jobs".into(),
             )),
-            ResultMessage::Progress(notice) => {
-                let run = notice.run_id.clone();
-                let event = Event::Progress {
-                    notice: Box::new(notice),
-                    at: self.clock.now(),
-                };
-                Ok(Inbound::Event(run, event))
-            }
-            ResultMessage::StartRun(msg) => {
-                let child: shared::engine::ChildRun =
-                    self.run_message_body(&msg).await.map_err(blob_error)?;
-                if child.run.run_id != msg.run_id {
-                    return Err(HandleError::Poison(
-                        "a start message names another run than its body".into(),
-                    ));
-                }
-                Ok(Inbound::Start(Box::new(child)))
-            }
-            ResultMessage::ChildFinished(msg) => {
-                let report: shared::engine::ChildReport =
-                    self.run_message_body(&msg).await.map_err(blob_error)?;
-                if report.parent != msg.run_id {
-                    return Err(HandleError::Poison(
-                        "a child's report names another parent than its message".into(),
-                    ));
-                }
-                Ok(Inbound::Event(
-                    msg.run_id,
-                    self.child_finished_event(report),
-                ))
-            }
-            ResultMessage::SiblingEvent(msg) => {
-                let event = Box::new(self.run_message_body(&msg).await.map_err(blob_error)?);
-                let at = self.clock.now();
-                Ok(Inbound::Event(
-                    msg.run_id,
-                    Event::SiblingEvent { event, at },
-                ))
-            }
-            ResultMessage::FromSibling(msg) => {
-                let event = Box::new(self.run_message_body(&msg).await.map_err(blob_error)?);
-                let at = self.clock.now();
-                Ok(Inbound::Event(msg.run_id, Event::FromSibling { event, at }))
-            }
-            ResultMessage::CancelRun(msg) => {
-                let event = Event::Cancel {
-                    at: self.clock.now(),
-                };
-                Ok(Inbound::Event(msg.run_id, event))
-            }
         }
-    }
-
-    /// A job the broker dead-lettered: its attempt ends as dead.
-    fn dead_job(&self, body: &[u8]) -> Result<Inbound, HandleError> {
-        let env: JobEnvelope =
-            serde_json::from_slice(body).map_err(|e| HandleError::Poison(e.to_string()))?;
-        check_wire_version(env.v)?;
-        warn!(run = %env.run_id, job = %env.job_id, "job dead-lettered");
-        Ok(Inbound::Event(
-            env.run_id,
-            Event::JobDead {
-                job_id: env.job_id.clone(),
-                attempt: env.attempt,
-                reason: "the job reached its delivery limit or was rejected as poison".into(),
-                at: self.clock.now(),
-            },
-        ))
     }
 }
 
@@ -310,18 +272,17 @@ fn blob_error(e: BlobError) -> HandleError {
     }
 }
 
-/// Settles a message (or part) that was not read: poison is dropped with its reason in the log
-/// (and counted), one that may read next time (its result unreachable) is requeued.
-async fn refuse(queue: QueueName, msg: Settle, e: HandleError, poison: &prometheus::IntCounter) {
+/// Settles a message that was not read: poison is dead-lettered with its reason in the log, a
+/// message that may read next time (its result unreachable) is requeued.
+async fn refuse(queue: QueueName, msg: Incoming, e: HandleError) {
     match e {
         HandleError::Poison(reason) => {
-            poison.inc();
             error!(queue = ?queue, %reason, "dropping a poison message");
-            msg.reject().await;
+            let _ = msg.reject().await;
         }
         HandleError::Transient(reason) => {
             warn!(queue = ?queue, %reason, "could not read a message; requeueing");
-            msg.requeue().await;
+            let _ = msg.requeue().await;
         }
     }
 }
@@ -350,7 +311,7 @@ mod tests {
     use async_trait::async_trait;
     use serde_json::json;
     use std::sync::Mutex;
-    use worker::queue::{Acker, Incoming};
+    use worker::queue::Acker;
 
     /// Records how a message was settled.
     struct Settled(Arc<Mutex<Vec<&'static str>>>);
@@ -424,10 +385,8 @@ mod tests {
                 delivery_count: 0,
                 acker: Box::new(Settled(settled.clone())),
             };
-            let poison = prometheus::IntCounter::new("poison", "poison").unwrap();
-            refuse(QueueName::Results, Settle::Whole(msg), e, &poison).await;
+            refuse(QueueName::Results, msg, e).await;
             assert_eq!(*settled.lock().unwrap(), vec!["reject"]);
-            assert_eq!(poison.get(), 1);
         }
     }
 }

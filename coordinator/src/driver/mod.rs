@@ -15,7 +15,6 @@ mod mirror;
 mod notices;
 mod relay;
 mod retention;
-mod settle;
 mod state_cache;
 mod store_log;
 mod team_notices;

@@ -17,15 +17,12 @@
 //!
 //! Here: `serve` (reaping, sweeps, stops, the loop) and `handle` (one delivery, from envelope to
 //! ack). `executions.rs`: admission and holding of deliveries per (job, attempt).
-//! `reporter.rs`: the results' publisher (results ready together go out in one message).
 
 mod executions;
-mod reporter;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use executions::{Admission, Delivery, Executions};
-pub(crate) use reporter::Reporter;
 
 use crate::queue::{Broker, Incoming, QueueName};
 use crate::runner::Runner;
@@ -91,10 +88,6 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
     let concurrency = runner.config.concurrency.max(1);
     let permits = Arc::new(Semaphore::new(concurrency));
     let executions = Arc::new(Executions::default());
-    let reporter = Arc::new(Reporter::start(
-        broker.clone(),
-        runner.metrics.results_per_message.clone(),
-    ));
     let mut jobs = broker.subscribe(QueueName::Jobs, concurrency as u16);
     info!(worker = %runner.config.id, concurrency, sandbox = runner.sandbox.name(), "worker ready");
     loop {
@@ -109,9 +102,8 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
         let runner = runner.clone();
         let broker = broker.clone();
         let executions = executions.clone();
-        let reporter = reporter.clone();
         tokio::spawn(async move {
-            handle(&runner, broker.as_ref(), &executions, &reporter, msg).await;
+            handle(&runner, broker.as_ref(), &executions, msg).await;
             drop(permit);
         });
     }
@@ -120,13 +112,7 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
     info!(worker = %runner.config.id, "worker stopped");
 }
 
-async fn handle(
-    runner: &Runner,
-    broker: &dyn Broker,
-    executions: &Executions,
-    reporter: &Reporter,
-    msg: Incoming,
-) {
+async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, msg: Incoming) {
     let settled = |how: &str| runner.metrics.deliveries.with_label_values(&[how]).inc();
     let delivery = Delivery::new(msg);
     let env: JobEnvelope = match serde_json::from_slice(&delivery.incoming().body) {
@@ -237,16 +223,23 @@ async fn handle(
             .inline_or_store(&result, INLINE_LIMIT)
             .await
             .map_err(|e| e.to_string())?;
-        reporter
-            .report(ResultEnvelope {
-                v: WIRE_VERSION,
-                job_id: spec.job_id.clone(),
-                run_id: spec.run_id.clone(),
-                attempt: spec.attempt,
-                result_ref: key,
-                result: inline.map(Box::new),
-            })
+        let envelope = ResultMessage::Finished(ResultEnvelope {
+            v: WIRE_VERSION,
+            job_id: spec.job_id.clone(),
+            run_id: spec.run_id.clone(),
+            attempt: spec.attempt,
+            result_ref: key,
+            result: inline.map(Box::new),
+        });
+        let body = serde_json::to_vec(&envelope).map_err(|e| e.to_string())?;
+        broker
+            .publish(
+                QueueName::Results,
+                &body,
+                &format!("{}.a{}", spec.job_id, spec.attempt),
+            )
             .await
+            .map_err(|e| e.to_string())
     }
     .await;
     match stored {

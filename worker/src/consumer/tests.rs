@@ -109,7 +109,6 @@ struct Fixture {
     runner: Arc<Runner>,
     sandbox: Arc<FakeSandbox>,
     broker: Arc<MemoryBroker>,
-    reporter: Arc<Reporter>,
     jobs: mpsc::Receiver<Incoming>,
     results: mpsc::Receiver<Incoming>,
     envelope: Vec<u8>,
@@ -162,17 +161,12 @@ async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
     let broker = Arc::new(MemoryBroker::default());
     let jobs = broker.subscribe(QueueName::Jobs, 8);
     let results = broker.subscribe(QueueName::Results, 8);
-    let reporter = Arc::new(Reporter::start(
-        broker.clone(),
-        runner.metrics.results_per_message.clone(),
-    ));
     Fixture {
         jobs_dir: tmp.path().join("work/jobs"),
         _tmp: tmp,
         runner,
         sandbox,
         broker,
-        reporter,
         jobs,
         results,
         envelope,
@@ -196,10 +190,6 @@ impl Fixture {
                 ResultMessage::Finished(env) => {
                     out.push(*env.result.expect("small results ride inline"))
                 }
-                ResultMessage::FinishedBatch(batch) => out.extend(
-                    (batch.results.into_iter())
-                        .map(|env| *env.result.expect("small results ride inline")),
-                ),
                 ResultMessage::Started(n) => panic!("a start notice nobody asked for: {n:?}"),
                 other => panic!("workers send no message between runs: {other:?}"),
             }
@@ -250,14 +240,7 @@ async fn a_job_that_asks_announces_its_start_before_its_result() {
     let mut f = fixture(FakeSandbox::default()).await.announcing();
     f.sandbox.gate.add_permits(100);
     let msg = f.deliver().await;
-    handle(
-        &f.runner,
-        f.broker.as_ref(),
-        &Executions::default(),
-        &f.reporter,
-        msg,
-    )
-    .await;
+    handle(&f.runner, f.broker.as_ref(), &Executions::default(), msg).await;
     match f.messages().await.as_slice() {
         [ResultMessage::Started(notice), ResultMessage::Finished(env)] => {
             assert_eq!(notice.v, WIRE_VERSION);
@@ -285,7 +268,7 @@ async fn a_panicking_job_is_cleaned_up_reported_as_an_error_and_acked() {
     .await;
     let executions = Executions::default();
     let msg = f.deliver().await;
-    handle(&f.runner, f.broker.as_ref(), &executions, &f.reporter, msg).await;
+    handle(&f.runner, f.broker.as_ref(), &executions, msg).await;
 
     let results = f.results().await;
     assert_eq!(results.len(), 1, "exactly one result: {results:?}");
@@ -326,9 +309,8 @@ async fn a_second_delivery_of_a_running_attempt_is_held_then_acked_with_the_firs
 
     let first = f.deliver().await;
     let (runner, broker, ex) = (f.runner.clone(), f.broker.clone(), executions.clone());
-    let reporter = f.reporter.clone();
     let running = tokio::spawn(async move {
-        handle(&runner, broker.as_ref(), &ex, &reporter, first).await;
+        handle(&runner, broker.as_ref(), &ex, first).await;
     });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while f.sandbox.started.lock().unwrap().is_empty() {
@@ -341,14 +323,7 @@ async fn a_second_delivery_of_a_running_attempt_is_held_then_acked_with_the_firs
 
     // The duplicate returns at once: held, not run, not settled.
     let second = f.deliver().await;
-    handle(
-        &f.runner,
-        f.broker.as_ref(),
-        &executions,
-        &f.reporter,
-        second,
-    )
-    .await;
+    handle(&f.runner, f.broker.as_ref(), &executions, second).await;
     assert_eq!(
         f.sandbox.started.lock().unwrap().len(),
         1,
@@ -371,7 +346,7 @@ async fn a_second_delivery_of_a_running_attempt_is_held_then_acked_with_the_firs
 
     // A late delivery of the reported attempt is acked without running.
     let late = f.deliver().await;
-    handle(&f.runner, f.broker.as_ref(), &executions, &f.reporter, late).await;
+    handle(&f.runner, f.broker.as_ref(), &executions, late).await;
     assert_eq!(f.sandbox.started.lock().unwrap().len(), 1);
     assert!(f.results().await.is_empty());
     assert_eq!(f.deliveries("acked"), 3);
@@ -432,7 +407,7 @@ async fn a_permanent_failure_is_reported_as_an_error_at_once_and_acked() {
     let mut f = fixture_for(FakeSandbox::default(), "ghost").await;
     let executions = Executions::default();
     let msg = f.deliver().await;
-    handle(&f.runner, f.broker.as_ref(), &executions, &f.reporter, msg).await;
+    handle(&f.runner, f.broker.as_ref(), &executions, msg).await;
 
     let results = f.results().await;
     assert_eq!(results.len(), 1, "one result: {results:?}");
@@ -467,7 +442,7 @@ async fn a_transient_failure_is_requeued_as_before() {
     .await;
     let executions = Executions::default();
     let msg = f.deliver().await;
-    handle(&f.runner, f.broker.as_ref(), &executions, &f.reporter, msg).await;
+    handle(&f.runner, f.broker.as_ref(), &executions, msg).await;
     let again = tokio::time::timeout(Duration::from_secs(5), f.jobs.recv())
         .await
         .expect("requeued")
@@ -492,7 +467,7 @@ async fn a_sandbox_that_refuses_is_a_permanent_failure() {
     .await;
     let executions = Executions::default();
     let msg = f.deliver().await;
-    handle(&f.runner, f.broker.as_ref(), &executions, &f.reporter, msg).await;
+    handle(&f.runner, f.broker.as_ref(), &executions, msg).await;
     let results = f.results().await;
     assert_eq!(results.len(), 1);
     assert_eq!(results[0].status, JobStatus::Error);

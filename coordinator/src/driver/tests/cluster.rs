@@ -224,7 +224,19 @@ impl TestWorker {
     /// Publishes `result` as the real worker does: inlined when small, stored under its
     /// content key otherwise, in a `finished` result message.
     pub(super) async fn report(&self, result: &JobResult) {
-        let envelope = ResultMessage::Finished(self.envelope(result).await);
+        let (key, inline) = self
+            .blobs
+            .inline_or_store(result, INLINE_LIMIT)
+            .await
+            .expect("the result is stored");
+        let envelope = ResultMessage::Finished(ResultEnvelope {
+            v: WIRE_VERSION,
+            job_id: result.job_id.clone(),
+            run_id: result.run_id.clone(),
+            attempt: result.attempt,
+            result_ref: key,
+            result: inline.map(Box::new),
+        });
         let body = serde_json::to_vec(&envelope).expect("a result envelope serializes");
         let id = format!("{}.a{}", result.job_id, result.attempt);
         self.broker
@@ -232,38 +244,6 @@ impl TestWorker {
             .await
             .expect("the result is published");
         self.records().reported.push(result.clone());
-    }
-
-    /// A result's envelope as the real worker makes it: inlined when small, stored under its
-    /// content key otherwise.
-    pub(super) async fn envelope(&self, result: &JobResult) -> ResultEnvelope {
-        let (key, inline) = self
-            .blobs
-            .inline_or_store(result, INLINE_LIMIT)
-            .await
-            .expect("the result is stored");
-        ResultEnvelope {
-            v: WIRE_VERSION,
-            job_id: result.job_id.clone(),
-            run_id: result.run_id.clone(),
-            attempt: result.attempt,
-            result_ref: key,
-            result: inline.map(Box::new),
-        }
-    }
-
-    /// Publishes envelopes in one `finished_batch` message, as a worker whose results were
-    /// ready together does.
-    pub(super) async fn report_together(&self, results: Vec<ResultEnvelope>) {
-        let batch = ResultMessage::FinishedBatch(shared::messages::ResultBatch {
-            v: WIRE_VERSION,
-            results,
-        });
-        let body = serde_json::to_vec(&batch).expect("a batch serializes");
-        self.broker
-            .publish(QueueName::Results, &body, "batch")
-            .await
-            .expect("the batch is published");
     }
 }
 

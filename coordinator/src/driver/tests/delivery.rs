@@ -1,7 +1,6 @@
 //! What at-least-once delivery and restarts bring, on the cluster: a result delivered twice, a
-//! worker's batch of results with a copy and a bad part in it, a result of a superseded attempt,
-//! the watchdog's re-issue, cancel with a late result, and a second coordinator finishing a run
-//! the first left mid-way.
+//! result of a superseded attempt, the watchdog's re-issue, cancel with a late result, and a
+//! second coordinator finishing a run the first left mid-way.
 
 use super::cluster::{echo, history, ok, result, start_run, Answer, Cluster};
 use chrono::TimeDelta;
@@ -82,50 +81,6 @@ async fn a_result_delivered_twice_is_applied_once() {
         "the copies published nothing"
     );
     assert_eq!((c.events("changed"), c.events("duplicate")), (2, 2));
-}
-
-const FAN: &str = r#"
-name: fan
-start: spread
-nodes:
-  spread: {kind: fanout, over: input.items, body: each, join: gather}
-  each: {kind: harness, op: noop, with: {value: item}, routes: [{to: gather}]}
-  gather: {kind: join, routes: [{to: done}]}
-  done: {kind: exit, status: gather.ok and gather.output.count == (input.items | length)}
-"#;
-
-#[tokio::test]
-async fn a_batch_of_results_is_applied_part_by_part_and_a_bad_part_is_dropped_alone() {
-    let cluster = Cluster::new(|_: &JobSpec| Answer::Silent);
-    let c = cluster.coordinator("c1");
-    let run = start_run(&c.coord, FAN, json!({"items": ["x", "y", "z"]})).await;
-    cluster
-        .eventually("three branches taken", || cluster.worker.held().len() == 3)
-        .await;
-    let mut parts = Vec::new();
-    for spec in cluster.worker.held() {
-        let r = result(&spec, JobStatus::Ok, echo(&spec));
-        parts.push(cluster.worker.envelope(&r).await);
-    }
-    // A copy of the first result, and a part of another wire version, in the same message.
-    parts.push(parts[0].clone());
-    let mut alien = parts[1].clone();
-    alien.v += 1;
-    parts.insert(2, alien);
-    cluster.worker.report_together(parts).await;
-
-    let state = cluster.wait_finished(&run).await;
-    assert_eq!(state.status, RunStatus::Succeeded, "{:?}", state.result);
-    let gather = NodeId::new("gather");
-    assert_eq!(state.joins[&gather].fired, 1, "the join fired once");
-    // Settled once: a requeued batch would come back and count its copies again.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let poison = c.coord.metrics.poison.get();
-    assert_eq!(
-        (c.events("duplicate"), poison),
-        (1, 1),
-        "the copy changed nothing and the bad part was dropped alone, once"
-    );
 }
 
 const ONE: &str = r#"
