@@ -39,6 +39,11 @@ else
   wt_files=10000 wt_rounds=10 scale_n=10000
 fi
 
+# The fleet's configuration for its no-container figures: its best here (BENCHMARKS.md §17's
+# sweep of workers × jobs at once), as the chord runs in Celery's best (prefork 4). The bare
+# broker loop it is held against keeps 64 jobs unacked, as a worker of 64 jobs at once does.
+fan_workers=2 concurrency=64
+
 log() { printf '[bench-all] %s\n' "$*" >&2; }
 
 log "provisioning services"
@@ -82,14 +87,18 @@ celery_stop
 
 # --- the fleet ---
 log "fleet fan-out/join: n=1000"
-keep fleet-1000 bench fanout --n 1000 --repeat "$fan_small_repeat"
+keep fleet-1000 bench fanout --n 1000 --repeat "$fan_small_repeat" \
+  --workers "$fan_workers" --concurrency "$concurrency"
+log "fleet fan-out/join: n=1000, the default configuration (2 workers, 8 jobs at once each)"
+keep fleet-1000-default bench fanout --n 1000 --repeat "$fan_small_repeat" --workers 2 --concurrency 8
 log "fleet fan-out/join: n=$fan_large"
-keep fleet-large bench fanout --n "$fan_large" --repeat "$fan_large_repeat"
+keep fleet-large bench fanout --n "$fan_large" --repeat "$fan_large_repeat" \
+  --workers "$fan_workers" --concurrency "$concurrency"
 log "round trips (the broker alone, the fleet): n=$rt_n"
 keep roundtrip bench roundtrip --n "$rt_n"
 for w in 1 2 4; do
   log "no-container throughput against the broker's limit: n=$scale_n workers=$w"
-  keep "scale-$w" bench limit --n "$scale_n" --workers "$w"
+  keep "scale-$w" bench limit --n "$scale_n" --workers "$w" --concurrency "$concurrency"
 done
 log "container cycle and per-job overhead: cycles=$cycles jobs=$jobs"
 keep cycle bench --cycles "$cycles" --jobs "$jobs"
@@ -102,7 +111,7 @@ keep worktree env TMPDIR="$wt_tmp" "$root/target/release/fleet-bench" worktree \
   --files "$wt_files" --rounds "$wt_rounds"
 if [ "$with_100k" = 1 ]; then
   log "a 100,000-branch fan-out"
-  keep limit-100k bench limit --n 100000 --workers 2
+  keep limit-100k bench limit --n 100000 --workers 2 --concurrency "$concurrency"
 fi
 
 table="$out_dir/table.md"

@@ -68,9 +68,15 @@ def render(by_tag, command, cores, celery, s3):
             continue
         n = fleet_r["n"]
         ratio = celery_r["median"] / fleet_r["median"]
-        measured = f"{fleet_r['median']:.2f} s ({n / fleet_r['median']:.0f} jobs/s): {ratio:.1f}× Celery"
+        measured = (f"{fleet_r['median']:.2f} s ({n / fleet_r['median']:.0f} jobs/s, "
+                    f"{fleet_r['workers']} workers × {fleet_r['concurrency']} jobs at once): "
+                    f"{ratio:.1f}× Celery")
         if submit_r:
             measured += f"; {submit_r['median']:.2f} s with the `fleet submit` process"
+        default_r = one(by_tag, f"fleet-{tag}-default", system="fleet-fanout-join (run)")
+        if default_r:
+            measured += (f"; the default {default_r['workers']} × {default_r['concurrency']}: "
+                         f"{default_r['median']:.2f} s, {celery_r['median'] / default_r['median']:.1f}×")
         bound = ""
         if ratio < 10 and busiest:
             total, text = cpu_text(busiest)
@@ -91,7 +97,8 @@ def render(by_tag, command, cores, celery, s3):
             bound = (f"CPU: {text}; {cores} cores carry at most {ceiling:.0f} jobs/s, "
                      f"{ceiling / best['broker_jobs_per_second']:.0%} of the limit")
         rows.append(("no-container throughput, share of the bare broker limit", "≥ 50%",
-                     f"{best['fleet_jobs_per_second']:.0f} jobs/s with {best['workers']} workers: {share:.1%}",
+                     f"{best['fleet_jobs_per_second']:.0f} jobs/s with {best['workers']} workers × "
+                     f"{best['concurrency']} jobs at once: {share:.1%}",
                      f"broker alone {best['broker_jobs_per_second']:.0f} jobs/s (quorum queues, confirms)",
                      share >= 0.5, bound))
 
