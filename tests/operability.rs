@@ -426,6 +426,44 @@ async fn a_waiter_on_a_fan_out_never_makes_the_coordinator_reload_the_run() -> a
     Ok(())
 }
 
+/// A look at one node of a run (`GET /v1/runs/{id}?node=...`, what the dashboard asks when a
+/// node is clicked) renders that node's jobs only, with the same run around them.
+#[tokio::test]
+async fn a_status_read_of_one_node_has_that_nodes_jobs_only() -> anyhow::Result<()> {
+    let stack = Stack::start_with("opnode", 1, 8, &[]).await?;
+    let repo = make_calc_repo(stack.dir.path())?;
+    let graph = workspace_root().join("graphs/bench/fanout.yaml");
+    let script = stack.dir.path().join("script.json");
+    std::fs::write(&script, "{}")?;
+    let input = stack.dir.path().join("input.json");
+    let items: Vec<usize> = (0..30).collect();
+    std::fs::write(
+        &input,
+        serde_json::to_vec(&serde_json::json!({"items": items}))?,
+    )?;
+    let run = fleet_tests::submit::submit_with_script(&stack, &graph, &repo, &input, &script)?;
+    stack.wait_run_told(&run, Duration::from_secs(120)).await?;
+    let all = stack.get(&format!("/v1/runs/{run}")).await?;
+    let noop = stack.get(&format!("/v1/runs/{run}?node=noop")).await?;
+    let nothing = stack
+        .get(&format!("/v1/runs/{run}?node=no-such-node"))
+        .await?;
+    let jobs = |v: &serde_json::Value| v["jobs"].as_array().cloned().unwrap_or_default();
+    let of = |v: &serde_json::Value, node: &str| {
+        jobs(v).into_iter().filter(|j| j["node"] == node).count()
+    };
+    assert_eq!(of(&all, "noop"), 30, "{all}");
+    assert_eq!(jobs(&noop).len(), 30, "only the node's jobs: {noop}");
+    assert_eq!(of(&noop, "noop"), 30, "{noop}");
+    assert!(jobs(&nothing).is_empty(), "{nothing}");
+    for view in [&noop, &nothing] {
+        assert_eq!(view["status"], all["status"]);
+        assert_eq!(view["visits"], all["visits"]);
+        assert_eq!(view["joins"], all["joins"]);
+    }
+    Ok(())
+}
+
 /// Every graph file of the repository (not templates or schemas).
 fn repository_graphs() -> Vec<PathBuf> {
     let mut out = Vec::new();

@@ -284,17 +284,30 @@ async fn list_runs(
     Ok(Json(out))
 }
 
-/// The status view: run, visits, every job with its state, usage.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct StatusQuery {
+    /// Only the jobs of this node (a look at one node of a large run renders none of the
+    /// others); every job when absent.
+    node: Option<String>,
+}
+
+/// The status view: run, visits, every job (or one node's, with `node`) with its state, usage.
 #[utoipa::path(
     get, path = "/v1/runs/{id}",
-    params(RunPath),
+    params(RunPath, StatusQuery),
     responses((status = 200, body = http::StatusView), NoSuchRun)
 )]
 async fn run_status(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<StatusQuery>,
 ) -> ApiResult<Json<http::StatusView>> {
-    let view = c.peek(&RunId::new(id), http::StatusView::of).await?;
+    let node = q.node.map(shared::ids::NodeId::new);
+    let view = (c.peek(&RunId::new(id), |s| {
+        http::StatusView::of_node(s, node.as_ref())
+    }))
+    .await?;
     Ok(Json(view))
 }
 

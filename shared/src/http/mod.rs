@@ -221,14 +221,22 @@ pub struct StatusView {
 
 impl StatusView {
     pub fn of(s: &RunState) -> Self {
+        Self::of_node(s, None)
+    }
+
+    /// The status with only the jobs of `node` (every job when `None`): what a look at one
+    /// node of a large run needs, without rendering its other jobs.
+    pub fn of_node(s: &RunState, node: Option<&NodeId>) -> Self {
+        let wanted = |n: &NodeId| node.is_none_or(|want| want == n);
         // Each job's first outcome, found in one pass (not one scan of the history per job).
-        let mut outcomes = std::collections::HashMap::with_capacity(s.history.len());
-        for o in &s.history {
+        let mut outcomes = std::collections::HashMap::new();
+        for o in s.history.iter().filter(|o| wanted(&o.node)) {
             outcomes.entry(&o.job_id).or_insert(o);
         }
         let jobs = s
             .jobs
             .iter()
+            .filter(|(_, j)| wanted(&j.node))
             .map(|(id, j)| {
                 let outcome = outcomes.get(id).copied();
                 JobView {
