@@ -81,6 +81,8 @@ async fn a_member_watches_a_run_live_approves_it_from_the_page_and_sees_it_finis
             {"wait_for": "g[data-node=\"gate\"][data-state=\"done\"]"},
             {"screenshot": "dashboard-4-succeeded"},
             {"click": "g[data-node=\"slow\"]"},
+            // the node's jobs, read with `?node=slow`
+            {"wait_for": "#node-detail tbody tr"},
             {"wait_for": "li[data-artifact]"},
             {"click": "li[data-artifact]"},
             {"screenshot": "dashboard-5-node"},
