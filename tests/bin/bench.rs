@@ -136,6 +136,7 @@ async fn fanout() -> anyhow::Result<()> {
     std::fs::write(&script, "{}")?;
     let mut runs: Vec<f64> = Vec::new();
     let mut run_only: Vec<f64> = Vec::new();
+    let mut last = String::new();
     for r in 0..repeat {
         let input = stack.dir.path().join(format!("fan-{r}.json"));
         let items: Vec<usize> = (0..n).collect();
@@ -163,12 +164,33 @@ async fn fanout() -> anyhow::Result<()> {
         let created = chrono_secs(st["created_at"].as_str().unwrap_or_default());
         let finished = chrono_secs(st["finished_at"].as_str().unwrap_or_default());
         run_only.push(finished - created);
+        last = run;
     }
     let median = |xs: &[f64]| {
         let mut sorted = xs.to_vec();
         sorted.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
         sorted[sorted.len() / 2]
     };
+    // What a status read of the last (finished) run costs: every job, one node's (the join's:
+    // none), or the summary; 10 reads each, one at a time.
+    let mut reads = serde_json::Map::new();
+    for (what, path) in [
+        ("all_jobs", format!("/v1/runs/{last}")),
+        ("one_node", format!("/v1/runs/{last}?node=gather")),
+        ("summary", format!("/v1/runs/{last}/summary")),
+    ] {
+        let mut took = Vec::new();
+        for _ in 0..10 {
+            let t = Instant::now();
+            stack.get(&path).await?;
+            took.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        reads.insert(what.into(), serde_json::json!(median(&took)));
+    }
+    println!(
+        "{}",
+        serde_json::json!({"bench": "status-read", "n": n, "median_ms": reads})
+    );
     // With the `fleet submit` process (graph load, repo pack and upload) in the time...
     println!(
         "{}",
