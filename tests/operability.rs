@@ -386,19 +386,9 @@ async fn a_waiter_on_a_fan_out_never_makes_the_coordinator_reload_the_run() -> a
     // One worker running one job at a time: results come one by one, each commit right after
     // the one before (many commits, back to back, whatever the machine's speed).
     let stack = Stack::start_with("opwaitfan", 1, 1, &[]).await?;
-    let repo = make_calc_repo(stack.dir.path())?;
-    let graph = workspace_root().join("graphs/bench/fanout.yaml");
-    let script = stack.dir.path().join("script.json");
-    std::fs::write(&script, "{}")?;
-    let input = stack.dir.path().join("input.json");
-    let items: Vec<usize> = (0..400).collect();
-    std::fs::write(
-        &input,
-        serde_json::to_vec(&serde_json::json!({"items": items}))?,
-    )?;
     let metric = |text: &str, name: &str, labels: &[(&str, &str)]| sum_samples(text, name, labels);
     let before = stack.get_text("/metrics").await?;
-    let run = fleet_tests::submit::submit_with_script(&stack, &graph, &repo, &input, &script)?;
+    let run = submit_fanout(&stack, 400)?;
     stack.wait_run_told(&run, Duration::from_secs(300)).await?;
     let after = stack.get_text("/metrics").await?;
     let st = stack.get(&format!("/v1/runs/{run}")).await?;
@@ -431,17 +421,7 @@ async fn a_waiter_on_a_fan_out_never_makes_the_coordinator_reload_the_run() -> a
 #[tokio::test]
 async fn a_status_read_of_one_node_has_that_nodes_jobs_only() -> anyhow::Result<()> {
     let stack = Stack::start_with("opnode", 1, 8, &[]).await?;
-    let repo = make_calc_repo(stack.dir.path())?;
-    let graph = workspace_root().join("graphs/bench/fanout.yaml");
-    let script = stack.dir.path().join("script.json");
-    std::fs::write(&script, "{}")?;
-    let input = stack.dir.path().join("input.json");
-    let items: Vec<usize> = (0..30).collect();
-    std::fs::write(
-        &input,
-        serde_json::to_vec(&serde_json::json!({"items": items}))?,
-    )?;
-    let run = fleet_tests::submit::submit_with_script(&stack, &graph, &repo, &input, &script)?;
+    let run = submit_fanout(&stack, 30)?;
     stack.wait_run_told(&run, Duration::from_secs(120)).await?;
     let all = stack.get(&format!("/v1/runs/{run}")).await?;
     let noop = stack.get(&format!("/v1/runs/{run}?node=noop")).await?;
@@ -462,6 +442,21 @@ async fn a_status_read_of_one_node_has_that_nodes_jobs_only() -> anyhow::Result<
         assert_eq!(view["joins"], all["joins"]);
     }
     Ok(())
+}
+
+/// Submits `graphs/bench/fanout.yaml` over `branches` items (no-op harness jobs into one join).
+fn submit_fanout(stack: &Stack, branches: usize) -> anyhow::Result<String> {
+    let repo = make_calc_repo(stack.dir.path())?;
+    let graph = workspace_root().join("graphs/bench/fanout.yaml");
+    let script = stack.dir.path().join("script.json");
+    std::fs::write(&script, "{}")?;
+    let input = stack.dir.path().join("input.json");
+    let items: Vec<usize> = (0..branches).collect();
+    std::fs::write(
+        &input,
+        serde_json::to_vec(&serde_json::json!({"items": items}))?,
+    )?;
+    fleet_tests::submit::submit_with_script(stack, &graph, &repo, &input, &script)
 }
 
 /// Every graph file of the repository (not templates or schemas).

@@ -300,19 +300,24 @@ fn a_folder_over_its_quota_fails_the_job_with_both_sizes() {
     );
 }
 
+/// A read-only worktree of a commit, with nothing else asked of it.
+fn read_only_worktree() -> shared::messages::WorktreeSpec {
+    shared::messages::WorktreeSpec {
+        commit: "0".repeat(40),
+        run_base: None,
+        packs: vec![],
+        mode: shared::graph::WorktreeMode::Ro,
+        commit_out: false,
+        git: None,
+    }
+}
+
 #[test]
 fn only_read_only_steps_the_worker_never_writes_share_a_checkout() {
     use super::execute::may_share_checkout;
     use shared::graph::{HarnessOp, NodeBody, WorktreeMode};
     use shared::messages::WorktreeSpec;
-    let ro = WorktreeSpec {
-        commit: "0".repeat(40),
-        run_base: None,
-        packs: vec![],
-        mode: WorktreeMode::Ro,
-        commit_out: false,
-        git: None,
-    };
+    let ro = read_only_worktree();
     let command = NodeBody::Command {
         commands: vec!["true".into()],
     };
@@ -354,19 +359,11 @@ fn only_read_only_steps_the_worker_never_writes_share_a_checkout() {
 #[test]
 fn only_steps_in_the_workers_process_without_a_worktree_go_without_a_job_folder() {
     use super::needs_job_folder;
-    use shared::graph::{HarnessOp, NodeBody, WorktreeMode};
-    use shared::messages::WorktreeSpec;
+    use shared::graph::{HarnessOp, NodeBody};
     let bare = spec();
     assert!(bare.worktree.is_none());
     let with_worktree = JobSpec {
-        worktree: Some(WorktreeSpec {
-            commit: "0".repeat(40),
-            run_base: None,
-            packs: vec![],
-            mode: WorktreeMode::Ro,
-            commit_out: false,
-            git: None,
-        }),
+        worktree: Some(read_only_worktree()),
         ..spec()
     };
     let noop = NodeBody::Harness {
