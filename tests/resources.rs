@@ -496,6 +496,7 @@ async fn containers_run_docker_init_which_reaps_zombies_and_survives_the_job_kil
         worktree: dir.path().to_path_buf(),
         writable: false,
         shared_worktree: false,
+        layered_worktree: false,
         harness_dir: None,
         network: false,
         gateway_dir: None,

@@ -41,6 +41,7 @@ fn spec(tag: &str, i: usize, worktree: PathBuf) -> SandboxSpec {
         worktree,
         writable: false,
         shared_worktree: false,
+        layered_worktree: false,
         harness_dir: None,
         network: false,
         gateway_dir: None,

@@ -129,7 +129,7 @@ impl Metrics {
         let worktrees = IntCounterVec::new(
             Opts::new(
                 "fleet_worker_worktrees_total",
-                "worktrees of jobs (private: checked out for the job; shared_new: a commit's checkout for its read-only jobs made; shared: one reused)",
+                "worktrees of jobs (private: checked out for the job; shared_new: a commit's checkout for its read-only jobs made; shared: one reused; layered_new, layered: a writing job's overlay on that checkout, made or reused)",
             ),
             &["how"],
         )

@@ -15,25 +15,46 @@ pub struct GitCache {
     mirror: PathBuf,
     lock: Mutex<()>,
     checkouts: SharedCheckouts,
+    /// Jobs' own worktrees are overlays on the shared checkouts.
+    layered: bool,
     /// Files per commit's tree, for the choice between a shared checkout and a warm container.
     counts: Mutex<std::collections::HashMap<String, usize>>,
 }
 
 impl GitCache {
-    pub fn open(root: &Path) -> Result<Self, GitError> {
+    /// Opens the cache at `root`: checkouts' files are owned by `owner` (the sandbox user);
+    /// `layered` says whether jobs' own worktrees are overlays on them (`layered::decide`).
+    pub fn open(root: &Path, owner: Option<(u32, u32)>, layered: bool) -> Result<Self, GitError> {
         let mirror = root.join("mirror.git");
         if !mirror.join("objects").exists() {
             std::fs::create_dir_all(&mirror)?;
             Repository::init_bare(&mirror)?;
         }
         std::fs::create_dir_all(root.join("packs-indexed"))?;
-        let checkouts = SharedCheckouts::open(&root.join("checkouts"), keep_from_env())?;
+        let checkouts = SharedCheckouts::open(&root.join("checkouts"), keep_from_env(), owner)?;
         Ok(Self {
             mirror,
             lock: Mutex::new(()),
+            layered: layered && checkouts.enabled(),
             checkouts,
             counts: Mutex::default(),
         })
+    }
+
+    /// Whether jobs' own worktrees are overlays on their commit's shared checkout here.
+    pub fn layers_worktrees(&self) -> bool {
+        self.layered
+    }
+
+    /// A worktree of `commit` of the job's own, layered over the commit's shared checkout
+    /// (`layered.rs`): an overlay at `dest/wt`, its git directory at `dest/git`; the lease
+    /// keeps the checkout while the job runs. Only when `layers_worktrees`.
+    pub async fn materialize_layered(
+        &self,
+        commit: &str,
+        dest: &Path,
+    ) -> Result<(Worktree, Lease), GitError> {
+        self.checkouts.layered(&self.mirror, commit, dest).await
     }
 
     /// How many files `commit`'s tree holds (its objects must be in the mirror); counted once
@@ -178,6 +199,7 @@ pub(super) fn materialize_at(
         base: oid,
         head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
         shared: false,
+        layered: false,
     })
 }
 

@@ -11,10 +11,12 @@
 //! as git computes it (both sides of renames, modes), from a tree diff or a patch; `repo.rs`:
 //! packing a submitted repository and the clean-tree preflight; `exposed.rs`: the git directory
 //! of its own that a node asking for one (`worktree.git`) finds in its worktree, limited to the
-//! branches it named; `shared_checkout.rs`: the checkout a commit's read-only jobs share.
+//! branches it named; `shared_checkout.rs`: the checkout a commit's read-only jobs share;
+//! `layered.rs`: the overlay on that checkout that is a job's own worktree.
 
 mod changes;
 mod exposed;
+pub mod layered;
 mod mirror;
 mod repo;
 mod shared_checkout;

@@ -52,6 +52,9 @@ struct State {
 pub struct SharedCheckouts {
     root: PathBuf,
     keep: usize,
+    /// Who owns a checkout's files: the sandbox user, so that a job may change any of them in the
+    /// overlay of a layered worktree (`layered.rs`; read-only jobs mount the checkout read-only).
+    owner: Option<(u32, u32)>,
     state: Arc<Mutex<State>>,
     /// Creation is rare (once per commit per worker) and serialised: two jobs of a new commit
     /// wait for one checkout rather than write two.
@@ -84,7 +87,7 @@ impl Drop for Lease {
 impl SharedCheckouts {
     /// Empties `root` (checkouts of an earlier process are not trusted) and keeps at most
     /// `keep` checkouts there from now on.
-    pub fn open(root: &Path, keep: usize) -> Result<Self, GitError> {
+    pub fn open(root: &Path, keep: usize, owner: Option<(u32, u32)>) -> Result<Self, GitError> {
         if root.exists() {
             std::fs::remove_dir_all(root)?;
         }
@@ -92,6 +95,7 @@ impl SharedCheckouts {
         Ok(Self {
             root: root.to_path_buf(),
             keep,
+            owner,
             state: Arc::default(),
             create: tokio::sync::Mutex::new(()),
         })
@@ -115,6 +119,29 @@ impl SharedCheckouts {
         })
     }
 
+    /// A lease on the checkout of `commit` (its objects in `mirror`), made first if this
+    /// worker has none; returns the commit's full id too.
+    async fn hold(&self, mirror: &Path, commit: &str) -> Result<(String, Lease), GitError> {
+        // The folder's name: the commit's full id as git spells it, never the bytes given.
+        let commit = Oid::from_str(commit)?.to_string();
+        if let Some(l) = self.lease(&commit) {
+            return Ok((commit, l));
+        }
+        let _creating = self.create.lock().await;
+        if let Some(l) = self.lease(&commit) {
+            return Ok((commit, l));
+        }
+        let (mirror, root, c, owner) = (
+            mirror.to_path_buf(),
+            self.root.clone(),
+            commit.clone(),
+            self.owner,
+        );
+        crate::safe_fs::blocking(move || check_out(&mirror, &root, &c, owner)).await?;
+        let lease = self.publish(&commit);
+        Ok((commit, lease))
+    }
+
     /// A read-only worktree of `commit` (its objects in `mirror`) whose files are the shared
     /// checkout's and whose git directory is `dest/git`, with the lease that keeps the
     /// checkout.
@@ -124,27 +151,39 @@ impl SharedCheckouts {
         commit: &str,
         dest: &Path,
     ) -> Result<(Worktree, Lease), GitError> {
-        // The folder's name: the commit's full id as git spells it, never the bytes given.
-        let commit = &Oid::from_str(commit)?.to_string();
-        let lease = match self.lease(commit) {
-            Some(l) => l,
-            None => {
-                let _creating = self.create.lock().await;
-                match self.lease(commit) {
-                    Some(l) => l,
-                    None => {
-                        let (mirror, root, c) =
-                            (mirror.to_path_buf(), self.root.clone(), commit.to_string());
-                        crate::safe_fs::blocking(move || check_out(&mirror, &root, &c)).await?;
-                        self.publish(commit)
-                    }
-                }
-            }
-        };
-        let checkout = self.root.join(commit);
-        let (mirror, commit, dest) = (mirror.to_path_buf(), commit.to_string(), dest.to_owned());
-        let wt = crate::safe_fs::blocking(move || job_git_dir(&mirror, &checkout, &commit, &dest))
-            .await?;
+        let (commit, lease) = self.hold(mirror, commit).await?;
+        let checkout = self.root.join(&commit);
+        let (mirror, dest) = (mirror.to_path_buf(), dest.to_owned());
+        let wt = crate::safe_fs::blocking(move || {
+            job_git_dir(
+                &mirror,
+                &checkout,
+                &commit,
+                &dest,
+                Files::Shared(checkout.join("wt")),
+            )
+        })
+        .await?;
+        Ok((wt, lease))
+    }
+
+    /// A worktree of `commit` of the job's own, layered over the shared checkout
+    /// (`layered.rs`): an overlay mounted at `dest/wt`, its git directory at `dest/git`, with
+    /// the lease that keeps the checkout (its lower layer) while the job runs.
+    pub async fn layered(
+        &self,
+        mirror: &Path,
+        commit: &str,
+        dest: &Path,
+    ) -> Result<(Worktree, Lease), GitError> {
+        let (commit, lease) = self.hold(mirror, commit).await?;
+        let checkout = self.root.join(&commit);
+        let (mirror, dest) = (mirror.to_path_buf(), dest.to_owned());
+        let wt = crate::safe_fs::blocking(move || {
+            let merged = super::layered::mount(&checkout.join("wt"), &dest)?;
+            job_git_dir(&mirror, &checkout, &commit, &dest, Files::Layered(merged))
+        })
+        .await?;
         Ok((wt, lease))
     }
 
@@ -220,19 +259,55 @@ fn remove_all(folders: &[PathBuf]) {
 }
 
 /// Checks `commit` out into `root/.new-<commit>` and renames it to `root/<commit>` once
-/// complete (its files at `wt/`, its index at `git/index`).
-fn check_out(mirror: &Path, root: &Path, commit: &str) -> Result<(), GitError> {
+/// complete (its files at `wt/`, owned by `owner`; its index at `git/index`, whose stat data
+/// is the files' as they are published).
+fn check_out(
+    mirror: &Path,
+    root: &Path,
+    commit: &str,
+    owner: Option<(u32, u32)>,
+) -> Result<(), GitError> {
     let building = root.join(format!(".new-{commit}"));
     if building.exists() {
         std::fs::remove_dir_all(&building)?;
     }
-    super::mirror::materialize_at(mirror, commit, &building)?;
+    let wt = super::mirror::materialize_at(mirror, commit, &building)?;
+    if let Some((uid, gid)) = owner {
+        chown_tree(&wt.dir, uid, gid)?;
+        wt.refresh_index()?;
+    }
     let target = root.join(commit);
     if target.exists() {
         std::fs::remove_dir_all(&target)?;
     }
     std::fs::rename(&building, &target)?;
     Ok(())
+}
+
+/// Gives every file and folder under `dir` (itself included) to `uid:gid`, never following a
+/// link (the tree was just checked out of the mirror: nothing else wrote it).
+fn chown_tree(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        std::os::unix::fs::lchown(&d, Some(uid), Some(gid))?;
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                stack.push(e.path());
+            } else {
+                std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where a job on a commit's checkout finds its files.
+enum Files {
+    /// The checkout itself, read-only.
+    Shared(PathBuf),
+    /// An overlay on it, the job's own.
+    Layered(PathBuf),
 }
 
 /// The job's git directory at `dest/git`: the mirror's objects by alternates, the checkout's
@@ -242,6 +317,7 @@ fn job_git_dir(
     checkout: &Path,
     commit: &str,
     dest: &Path,
+    files: Files,
 ) -> Result<Worktree, GitError> {
     let git_dir = dest.join("git");
     super::mirror::init_with_alternates(mirror, &git_dir)?;
@@ -249,11 +325,16 @@ fn job_git_dir(
     let repo = Repository::open_bare(&git_dir)?;
     let oid = Oid::from_str(commit)?;
     repo.set_head_detached(oid)?;
+    let (dir, shared, layered) = match files {
+        Files::Shared(dir) => (dir, true, false),
+        Files::Layered(dir) => (dir, false, true),
+    };
     Ok(Worktree {
-        dir: checkout.join("wt"),
+        dir,
         git_dir,
         base: oid,
         head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
-        shared: true,
+        shared,
+        layered,
     })
 }

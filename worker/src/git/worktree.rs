@@ -23,6 +23,9 @@ pub struct Worktree {
     pub(super) head: std::sync::Arc<std::sync::Mutex<Oid>>,
     /// The files are a checkout shared by a commit's read-only jobs: nothing may change them.
     pub(super) shared: bool,
+    /// The files are an overlay on such a checkout, the job's own (`layered.rs`): `dir` is a
+    /// mount point, never moved.
+    pub(super) layered: bool,
 }
 
 /// What a cherry-pick, squash-merge or rebase did.
@@ -67,6 +70,23 @@ impl Worktree {
     /// Whether the files are a checkout shared by a commit's read-only jobs.
     pub fn is_shared(&self) -> bool {
         self.shared
+    }
+
+    /// Whether the files are an overlay on a commit's shared checkout (`layered.rs`).
+    pub fn is_layered(&self) -> bool {
+        self.layered
+    }
+
+    /// Rewrites the index's stat data from the files as they are now (their content unchanged:
+    /// after their owner changed).
+    pub(super) fn refresh_index(&self) -> Result<(), GitError> {
+        let repo = self.repo()?;
+        let mut index = repo.index()?;
+        let mut opts = git2::DiffOptions::new();
+        opts.update_index(true);
+        repo.diff_index_to_workdir(Some(&index), Some(&mut opts))?;
+        index.write()?;
+        Ok(())
     }
 
     pub fn base(&self) -> String {
@@ -147,7 +167,10 @@ impl Worktree {
         let base_tree = repo.find_commit(since)?.tree()?;
         let mut opts = git2::DiffOptions::new();
         opts.include_untracked(true).recurse_untracked_dirs(true);
-        let diff = repo.diff_tree_to_workdir(Some(&base_tree), Some(&mut opts))?;
+        // Through the index (the worker's own, outside the container): its stat data spares
+        // hashing every unchanged file; a file whose stat differs (a write changes its ctime,
+        // which no agent can set) is hashed and compared.
+        let diff = repo.diff_tree_to_workdir_with_index(Some(&base_tree), Some(&mut opts))?;
         let mut out = std::collections::BTreeMap::new();
         for delta in diff.deltas() {
             if delta.status() == git2::Delta::Deleted {

@@ -151,6 +151,7 @@ pub(super) fn sweep_job_dirs(jobs: &Path, remove: impl Fn(&str, Duration) -> boo
         }
         let path = entry.path();
         let gone = if meta.is_dir() {
+            crate::git::layered::unmount_job(&path);
             std::fs::remove_dir_all(&path)
         } else {
             std::fs::remove_file(&path)

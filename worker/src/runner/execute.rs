@@ -67,28 +67,35 @@ impl Runner {
         let worktree = match &spec.worktree {
             Some(w) => {
                 self.git.ensure_packs(&self.blobs, &w.packs).await?;
-                if self.shares_checkout(w, &node.body).await? {
-                    let (wt, lease) = self.git.materialize_shared(&w.commit, dir).await?;
-                    let how = if lease.created() {
-                        "shared_new"
-                    } else {
-                        "shared"
-                    };
-                    self.metrics.worktrees.with_label_values(&[how]).inc();
-                    _checkout_lease = Some(lease);
-                    Some(wt)
-                } else {
-                    self.metrics.worktrees.with_label_values(&["private"]).inc();
-                    let wt = self.git.materialize(&w.commit, dir).await?;
-                    if let Some(branches) = &w.git {
-                        self.git.expose(&wt, branches.clone()).await?;
+                let (wt, lease) = match self.checkout_use(w, &node.body).await? {
+                    CheckoutUse::Shared => {
+                        let (wt, lease) = self.git.materialize_shared(&w.commit, dir).await?;
+                        (wt, Some(lease))
                     }
-                    Some(wt)
+                    CheckoutUse::Layered => {
+                        let (wt, lease) = self.git.materialize_layered(&w.commit, dir).await?;
+                        (wt, Some(lease))
+                    }
+                    CheckoutUse::Private => (self.git.materialize(&w.commit, dir).await?, None),
+                };
+                let how = match (&lease, wt.is_shared()) {
+                    (None, _) => "private",
+                    (Some(l), true) if l.created() => "shared_new",
+                    (Some(_), true) => "shared",
+                    (Some(l), false) if l.created() => "layered_new",
+                    (Some(_), false) => "layered",
+                };
+                self.metrics.worktrees.with_label_values(&[how]).inc();
+                _checkout_lease = lease;
+                if let Some(branches) = &w.git {
+                    self.git.expose(&wt, branches.clone()).await?;
                 }
+                Some(wt)
             }
             None => None,
         };
         let shared_worktree = worktree.as_ref().is_some_and(|wt| wt.is_shared());
+        let layered_worktree = worktree.as_ref().is_some_and(|wt| wt.is_layered());
         let needs_container = node.needs_container();
         // A step in the worker's own process without a worktree (a no-op, a tally) has no job
         // folder (`run_as` made none): nothing to mount, give away or watch.
@@ -108,10 +115,20 @@ impl Runner {
             .worktree
             .as_ref()
             .is_some_and(|w| w.mode == WorktreeMode::Rw);
-        // A shared checkout is only read (its files readable by all); nothing to give away.
+        // A shared checkout is only read (its files readable by all); nothing to give away. A
+        // layered worktree's files are its checkout's, the sandbox user's already: only its root
+        // and what the worker wrote into it (a git directory of its own) are given away (a
+        // change of owner of every file through the overlay would copy each one up).
         if !shared_worktree && !folderless {
             let (mount, user) = (mount.clone(), self.config.sandbox_user.clone());
-            crate::safe_fs::blocking(move || hand_over(&mount, &user)).await;
+            crate::safe_fs::blocking(move || {
+                if layered_worktree {
+                    hand_over_layered(&mount, &user)
+                } else {
+                    hand_over(&mount, &user)
+                }
+            })
+            .await;
         }
 
         let timeout = Duration::from_secs(spec.timeout_seconds);
@@ -146,6 +163,7 @@ impl Runner {
                 worktree: mount.clone(),
                 writable,
                 shared_worktree,
+                layered_worktree,
                 harness_dir: (spec.kind == NodeKind::Harness)
                     .then(|| harness_folder(dir, &self.config.sandbox_user))
                     .transpose()
@@ -276,26 +294,49 @@ impl Runner {
     }
 }
 
-/// With a warm pool, a read-only job of a commit of fewer files than this checks out a
-/// worktree of its own and takes a warm container (which saves more than the checkout costs);
-/// of more, it shares the commit's checkout and starts its container cold.
+/// With a warm pool, a job of a commit of fewer files than this checks out a worktree of its
+/// own and takes a warm container (which saves more than the checkout costs); of more, it
+/// shares the commit's checkout (or layers over it) and starts its container cold.
 pub const SHARE_OVER_WARM_FILES: usize = 2_000;
 
 impl Runner {
-    /// Whether this job reads the checkout its commit's read-only jobs share.
-    async fn shares_checkout(
+    /// How a job's worktree is made: on its commit's shared checkout when the job only reads it
+    /// (`may_share_checkout`), else layered over that checkout when this worker layers; else
+    /// checked out. With a warm pool, a commit of fewer than `SHARE_OVER_WARM_FILES` files is
+    /// checked out (a warm container takes only a folder it can move).
+    async fn checkout_use(
         &self,
         w: &shared::messages::WorktreeSpec,
         body: &NodeBody,
-    ) -> Result<bool, RunError> {
-        if !self.git.shares_checkouts() || !may_share_checkout(w, body) {
-            return Ok(false);
+    ) -> Result<CheckoutUse, RunError> {
+        let wanted = if !self.git.shares_checkouts() {
+            CheckoutUse::Private
+        } else if may_share_checkout(w, body) {
+            CheckoutUse::Shared
+        } else if self.git.layers_worktrees() {
+            CheckoutUse::Layered
+        } else {
+            CheckoutUse::Private
+        };
+        if wanted == CheckoutUse::Private
+            || !self.sandbox.keeps_warm()
+            || self.git.file_count(&w.commit).await? >= SHARE_OVER_WARM_FILES
+        {
+            return Ok(wanted);
         }
-        if !self.sandbox.keeps_warm() {
-            return Ok(true);
-        }
-        Ok(self.git.file_count(&w.commit).await? >= SHARE_OVER_WARM_FILES)
+        Ok(CheckoutUse::Private)
     }
+}
+
+/// How a job's worktree is made (`Runner::checkout_use`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CheckoutUse {
+    /// The commit's checkout its read-only jobs share, mounted read-only.
+    Shared,
+    /// An overlay of the job's own on that checkout.
+    Layered,
+    /// A checkout of the job's own.
+    Private,
 }
 
 /// Whether a job may read the checkout its commit's read-only jobs share: a read-only worktree
@@ -355,10 +396,7 @@ fn harness_folder(dir: &Path, user: &str) -> std::io::Result<PathBuf> {
 
 /// Gives the worktree to the container's user (the worker may run as root; containers never do).
 fn hand_over(dir: &Path, user: &str) {
-    let Some((uid, gid)) = user.split_once(':') else {
-        return;
-    };
-    let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) else {
+    let Some((uid, gid)) = owner(user) else {
         return;
     };
     let mut stack = vec![dir.to_path_buf()];
@@ -374,4 +412,22 @@ fn hand_over(dir: &Path, user: &str) {
             }
         }
     }
+}
+
+/// `hand_over` for a layered worktree: its root, and its `.git` if the worker wrote one (every
+/// other file is its checkout's, the sandbox user's already).
+fn hand_over_layered(dir: &Path, user: &str) {
+    if let Some((uid, gid)) = owner(user) {
+        let _ = std::os::unix::fs::lchown(dir, Some(uid), Some(gid));
+    }
+    let dot_git = dir.join(".git");
+    if std::fs::symlink_metadata(&dot_git).is_ok_and(|m| m.is_dir()) {
+        hand_over(&dot_git, user);
+    }
+}
+
+/// The numeric `uid:gid` of a sandbox user.
+fn owner(user: &str) -> Option<(u32, u32)> {
+    let (uid, gid) = user.split_once(':')?;
+    Some((uid.parse().ok()?, gid.parse().ok()?))
 }

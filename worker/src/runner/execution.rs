@@ -72,6 +72,7 @@ impl JobFolder {
 }
 
 fn remove_job_dir(dir: &Path, job: &str) {
+    crate::git::layered::unmount_job(dir);
     match std::fs::remove_dir_all(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

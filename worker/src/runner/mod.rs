@@ -120,7 +120,6 @@ impl Runner {
         crate::sandbox::check_user(&config.sandbox_user).map_err(StartError::Config)?;
         let resources = JobResources::from_env()?;
         std::fs::create_dir_all(config.work_dir.join("jobs"))?;
-        let git = GitCache::open(&config.work_dir.join("git"))?;
         let mut config = config;
         // A worker that is not root cannot give worktrees away: its containers run as itself
         // (never as root, since the worker is not).
@@ -131,6 +130,21 @@ impl Runner {
                 config.sandbox_user = format!("{}:{}", me.uid(), me.gid());
             }
         }
+        // Overlays a killed process left mounted go before anything under them is removed.
+        let unmounted = crate::git::layered::unmount_within(&config.work_dir);
+        if unmounted > 0 {
+            info!(
+                count = unmounted,
+                "unmounted the worktree overlays an earlier process left"
+            );
+        }
+        let layered = crate::git::layered::decide(
+            crate::git::layered::Mode::from_env().map_err(StartError::Config)?,
+            &config.work_dir.join("layered-probe"),
+        )
+        .map_err(StartError::Config)?;
+        let owner = crate::sandbox::check_user(&config.sandbox_user).ok();
+        let git = GitCache::open(&config.work_dir.join("git"), owner, layered)?;
         Ok(Self {
             config,
             blobs,

@@ -7,7 +7,8 @@
 //! caught too. How far a writer gets past the quota depends on its speed: a `dd` from
 //! `/dev/zero` on the test machine got 12 to 70 MiB past a 50 MiB quota before it was killed.
 //!
-//! The walk never follows a symlink, and counts allocated blocks (`st_blocks * 512`), not file
+//! The walk never follows a symlink nor enters another file system (a layered worktree's
+//! overlay: its upper layer, in the folder, holds what the job wrote), and counts allocated blocks (`st_blocks * 512`), not file
 //! lengths: a sparse file costs what it uses, a preallocated one what it reserved, and a file
 //! with several links inside the folder is counted once. It runs on the blocking pool.
 
@@ -39,6 +40,7 @@ pub fn usage(root: &Path) -> DiskUsage {
         return out;
     };
     let mut seen_links: HashSet<(u64, u64)> = HashSet::new();
+    let root_dev = meta.dev();
     add(&mut out, &meta, &mut seen_links);
     if !meta.is_dir() {
         return out;
@@ -54,7 +56,9 @@ pub fn usage(root: &Path) -> DiskUsage {
                 continue;
             };
             add(&mut out, &meta, &mut seen_links);
-            if meta.is_dir() {
+            // Another file system (a layered worktree's overlay) is not the folder's: what the
+            // job wrote through it is in its upper layer, which is.
+            if meta.is_dir() && meta.dev() == root_dev {
                 stack.push(entry.path());
             }
         }

@@ -131,6 +131,9 @@ pub struct SandboxSpec {
     /// The worktree is a checkout that a commit's read-only jobs share: mounted read-only
     /// where it is, never moved into a warm container (such a job's container starts cold).
     pub shared_worktree: bool,
+    /// The worktree is an overlay mounted in the job folder (`git/layered.rs`): mounted where it
+    /// is, never moved into a warm container (such a job's container starts cold).
+    pub layered_worktree: bool,
     /// A folder of the harness's own (configs it pins, reports it reads), mounted read-write
     /// beside the worktree, never inside it.
     pub harness_dir: Option<PathBuf>,

@@ -311,6 +311,7 @@ async fn create(inner: &Inner, shape: &Shape) -> Result<Warm, SandboxError> {
         worktree: dir.join(WT_FOLDER),
         writable: shape.writable,
         shared_worktree: false,
+        layered_worktree: false,
         harness_dir,
         network: shape.network,
         gateway_dir,
@@ -388,9 +389,9 @@ impl Sandbox for WarmPool {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         let shape = Shape::of(spec);
-        // A shared checkout cannot be moved into a warm container's folder: such a job starts
-        // cold and takes nothing from its kind's pool.
-        if !spec.shared_worktree {
+        // A shared checkout or an overlay cannot be moved into a warm container's folder: such a
+        // job starts cold and takes nothing from its kind's pool.
+        if !spec.shared_worktree && !spec.layered_worktree {
             // A warm container's kind is refilled once its job has ended (so the creation does
             // not compete with the job); a kind with none ready, at once.
             if let Some(warm) = self.take(&shape, spec.lifetime).await {
@@ -515,6 +516,7 @@ mod tests {
             worktree: "/w".into(),
             writable: false,
             shared_worktree: false,
+            layered_worktree: false,
             harness_dir: None,
             network: false,
             gateway_dir: None,
