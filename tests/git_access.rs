@@ -111,7 +111,7 @@ async fn a_node_that_asks_gets_git_with_its_branches_and_nothing_else() -> anyho
     )?;
     let status = stack.wait_run(&run, Duration::from_secs(180)).await?;
     let result = stack.get(&format!("/v1/runs/{run}/result")).await?["result"].clone();
-    assert_eq!(status["status"], "succeeded", "{result}");
+    assert_eq!(status["status"], "succeeded", "{result} {status}");
     assert_eq!(result["exit"], "done", "{result}");
 
     // The named branches, and only the run's commits: base, left's and right's.

@@ -1,7 +1,9 @@
 //! Checkouts shared by a commit's read-only jobs (issue 13, item 5), on the real stack: later
 //! read-only jobs of a commit read the files the first one checked out (the same inodes), none
 //! of them can change those files in any way, a read-write job of the same commit gets a
-//! worktree of its own whose changes never reach the shared one, a restarted worker trusts no
+//! worktree of its own whose changes never reach the shared one (an overlay on it: what it
+//! changes, adds and removes is its commit's, and its worker leaves nothing mounted, even when
+//! killed), a restarted worker trusts no
 //! checkout it left, with a warm pool only a large commit is shared, and a worker whose disk is
 //! low removes the idle ones. (The step cache is off: every probe must run.)
 
@@ -137,14 +139,12 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 1.0);
     assert_eq!(worktrees(&stack, &worker, "shared").await?, 3.0);
 
-    // A read-write job of the same commit writes a worktree of its own...
+    // A read-write job of the same commit writes a worktree of its own (an overlay on the
+    // checkout: the stack's worker runs as root)...
     let w = run(&stack, WRITER, "write", &repo).await?;
-    assert_ne!(
-        field(&w, "ino"),
-        inode,
-        "a writer never gets the shared files"
-    );
-    assert_eq!(worktrees(&stack, &worker, "private").await?, 1.0);
+    assert!(!field(&w, "ino").is_empty(), "{w:?}");
+    assert_eq!(worktrees(&stack, &worker, "layered").await?, 1.0);
+    assert_eq!(worktrees(&stack, &worker, "private").await?, 0.0);
     // ...and what it wrote never reaches the commit's read-only jobs.
     let after = run(&stack, GRAPH, "probe", &repo).await?;
     assert_eq!(field(&after, "file"), secret, "{after:?}");
@@ -285,5 +285,201 @@ async fn a_worker_whose_disk_is_low_removes_idle_shared_checkouts() -> anyhow::R
         )
         .await?;
     assert_eq!(evicted, 2.0);
+    Ok(())
+}
+
+/// A writer that changes its worktree every way it can (an overlay on the commit's shared
+/// checkout); its commit is handed to a reader that reports what it got.
+const LAYERED: &str = r#"
+name: layered-writer
+start: write
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 60
+nodes:
+  write:
+    kind: command
+    commands:
+      - "sh -c 'echo by-the-writer > probe.txt && echo more >> many/f1.txt && rm many/f2.txt && mv many/f3.txt moved.txt && mkdir -p new/deep && echo added > new/deep/added.txt && ln probe.txt hard.txt && echo wrote=yes'"
+    worktree: { from: base, mode: rw, commit: true }
+    writes: ["'**'"]
+    routes:
+      - to: read
+  read:
+    kind: command
+    commands:
+      - "sh -c 'echo probe=$(cat probe.txt); echo f1=$(cat many/f1.txt | tr \"\\n\" +); echo f2=$(test -e many/f2.txt && echo there || echo gone); echo f3=$(test -e many/f3.txt && echo there || echo gone); echo moved=$(cat moved.txt); echo added=$(cat new/deep/added.txt); echo hard=$(cat hard.txt); echo files=$(find many -type f | wc -l)'"
+    worktree: { from: write, mode: ro }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: read.ok
+"#;
+
+const TRASHER: &str = r#"
+name: trasher
+start: trash
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 60
+nodes:
+  trash:
+    kind: command
+    commands:
+      - "sh -c 'chmod 700 many/f4.txt; echo more >> many/f1.txt; ln -s /etc/passwd link; ln -s /etc/passwd many/f5.txt 2>/dev/null; rm -rf ./* ./.[!.]*; echo left=$(ls -A | wc -l)'"
+    worktree: { from: base, mode: rw }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: trash.ok
+"#;
+
+/// What reads the base commit: `probe.txt`, and how many files `many/` holds.
+const BASE_READER: &str = r#"
+name: base-reader
+start: read
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 60
+nodes:
+  read:
+    kind: command
+    commands:
+      - "sh -c 'echo probe=$(cat probe.txt); echo f1=$(cat many/f1.txt); echo f4=$(stat -c %a many/f4.txt); echo files=$(find many -type f | wc -l); echo extra=$(ls moved.txt new link hard.txt 2>/dev/null | wc -l)'"
+    worktree: { from: base, mode: ro }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: read.ok
+"#;
+
+/// Mount points under `dir` in this machine's mount table (the tests run in the workers' mount
+/// namespace).
+fn mounts_under(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let dir = dir.canonicalize()?;
+    Ok(table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| Path::new(p).starts_with(&dir))
+        .map(str::to_string)
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_layered_worktree_commits_every_change_and_leaves_the_shared_checkout_as_it_was(
+) -> anyhow::Result<()> {
+    let stack = Stack::start_with("layered", 1, 2, &[("FLEET_STEP_CACHE", "off")]).await?;
+    let worker = stack.worker_ids()[0].clone();
+    let repo = repo(stack.dir.path(), "repo", "original", 10)?;
+    let work = stack.dir.path().join(format!("work-{worker}"));
+
+    // The commit's read-only jobs make and read its checkout.
+    let before = run(&stack, BASE_READER, "read", &repo).await?;
+    assert_eq!(field(&before, "probe"), "original");
+    assert_eq!(field(&before, "files"), "10");
+
+    // The writer's every change is in its commit, as the next node reads it...
+    let got = run(&stack, LAYERED, "read", &repo).await?;
+    assert_eq!(worktrees(&stack, &worker, "layered").await?, 1.0, "{got:?}");
+    assert_eq!(field(&got, "probe"), "by-the-writer");
+    assert_eq!(field(&got, "f1"), "1more+");
+    assert_eq!(field(&got, "f2"), "gone", "a removal is committed");
+    assert_eq!(field(&got, "f3"), "gone", "a rename is committed");
+    assert_eq!(field(&got, "moved"), "3");
+    assert_eq!(field(&got, "added"), "added");
+    assert_eq!(field(&got, "hard"), "by-the-writer");
+    assert_eq!(field(&got, "files"), "8");
+
+    // A writer that changes modes, links out and removes every file (no commit: its write
+    // scope would refuse links and mode changes).
+    let trashed = run(&stack, TRASHER, "trash", &repo).await?;
+    assert_eq!(field(&trashed, "left"), "0", "{trashed:?}");
+    assert_eq!(worktrees(&stack, &worker, "layered").await?, 2.0);
+
+    // ...and none of it reached the checkout the commit's read-only jobs share.
+    let after = run(&stack, BASE_READER, "read", &repo).await?;
+    assert_eq!(
+        (
+            field(&after, "probe"),
+            field(&after, "f1"),
+            field(&after, "f4"),
+            field(&after, "files"),
+            field(&after, "extra"),
+        ),
+        (
+            "original".into(),
+            "1".into(),
+            "644".into(),
+            "10".into(),
+            "0".into()
+        ),
+        "{after:?}"
+    );
+    assert_eq!(worktrees(&stack, &worker, "shared").await?, 1.0);
+    // Every job folder is gone, and nothing is left mounted.
+    assert_eq!(mounts_under(&work)?, Vec::<String>::new());
+    Ok(())
+}
+
+const SLOW_WRITER: &str = r#"
+name: slow-writer
+start: write
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 120
+nodes:
+  write:
+    kind: command
+    commands:
+      - "sh -c 'echo x > probe.txt; sleep 20'"
+    worktree: { from: base, mode: rw }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: write.ok
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_overlays_are_unmounted_when_it_starts_again() -> anyhow::Result<()> {
+    let mut stack = Stack::start_with("layeredkill", 1, 1, &[("FLEET_STEP_CACHE", "off")]).await?;
+    let worker = stack.worker_ids()[0].clone();
+    let repo = repo(stack.dir.path(), "repo", "original", 3)?;
+    let jobs = stack.dir.path().join(format!("work-{worker}/jobs"));
+    let run = submit_yaml(
+        &stack,
+        "slow",
+        SLOW_WRITER,
+        Path::new(&repo),
+        &serde_json::json!({}),
+    )?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while mounts_under(&jobs)?.is_empty() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the writer's overlay was never mounted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stack.kill_worker(&worker)?;
+    assert_eq!(mounts_under(&jobs)?.len(), 1, "a killed worker leaves it");
+    stack.start_worker(&worker)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !mounts_under(&jobs)?.is_empty() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the restarted worker left the overlay mounted: {:?}",
+            mounts_under(&jobs)?
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The run goes on: the job runs again on the restarted worker.
+    let status = stack.wait_run(&run, Duration::from_secs(150)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    assert_eq!(mounts_under(&jobs)?, Vec::<String>::new());
     Ok(())
 }
