@@ -156,14 +156,25 @@ def render(by_tag, command, cores, celery, s3):
                          f"{wt['shared_ms']:.1f} ms: {wt['shared_ratio']:.3f}× (made once per "
                          f"commit: {wt['shared_first_ms']:.0f} ms)",
                          anchor, wt["shared_ratio"] <= 0.2, ""))
-        met = wt["ratio"] <= 0.2
+        commit = ""
+        if "commit_private_ms" in wt:
+            commit = f"; its commit after one change {wt['commit_private_ms']:.0f} ms"
+        if wt.get("layered"):
+            # A writing job's worktree is an overlay on the commit's shared checkout.
+            met = wt["layered_ratio"] <= 0.2
+            measured = (f"{wt['layered_ms']:.1f} ms: {wt['layered_ratio']:.3f}× (an overlay on "
+                        f"the commit's shared checkout; its commit after one change "
+                        f"{wt['commit_layered_ms']:.0f} ms); without overlays (a checkout of "
+                        f"its own) {wt['worker_ms']:.0f} ms: {wt['ratio']:.2f}×{commit}")
+        else:
+            met = wt["ratio"] <= 0.2
+            measured = f"{wt['worker_ms']:.0f} ms: {wt['ratio']:.2f}×{commit} (no overlays here)"
         bound = ""
         if not met:
             bound = (f"the checkout writes every one of the {wt['files']:,} files and the index "
                      f"(git's own clone of them: {wt['clone_ms']:.0f} ms)")
         rows.append((f"a writing job's worktree of a {wt['files']:,}-file repository",
-                     "≤ 0.2× `git clone --local`", f"{wt['worker_ms']:.0f} ms: {wt['ratio']:.2f}×",
-                     anchor, met, bound))
+                     "≤ 0.2× `git clone --local`", measured, anchor, met, bound))
 
     if scale.get(1):
         base = scale[1]["fleet_jobs_per_second"]
