@@ -274,7 +274,7 @@ fn check_out(
     let wt = super::mirror::materialize_at(mirror, commit, &building)?;
     if let Some((uid, gid)) = owner {
         chown_tree(&wt.dir, uid, gid)?;
-        wt.refresh_index()?;
+        wt.restat_index()?;
     }
     let target = root.join(commit);
     if target.exists() {

@@ -77,14 +77,28 @@ impl Worktree {
         self.layered
     }
 
-    /// Rewrites the index's stat data from the files as they are now (their content unchanged:
-    /// after their owner changed).
-    pub(super) fn refresh_index(&self) -> Result<(), GitError> {
+    /// Rewrites the index's stat data from the files as they are now, without reading them:
+    /// only for a checkout the worker just made and changed the owner of (their content is the
+    /// index's; a change of owner changes their ctime, which would make every later status read
+    /// hash every file).
+    pub(super) fn restat_index(&self) -> Result<(), GitError> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
         let repo = self.repo()?;
         let mut index = repo.index()?;
-        let mut opts = git2::DiffOptions::new();
-        opts.update_index(true);
-        repo.diff_index_to_workdir(Some(&index), Some(&mut opts))?;
+        let entries: Vec<git2::IndexEntry> = index.iter().collect();
+        for mut e in entries {
+            let path = self.dir.join(std::ffi::OsStr::from_bytes(&e.path));
+            let m = std::fs::symlink_metadata(&path)?;
+            // The index keeps 32 bits of each, as git does.
+            e.ctime = git2::IndexTime::new(m.ctime() as i32, m.ctime_nsec() as u32);
+            e.mtime = git2::IndexTime::new(m.mtime() as i32, m.mtime_nsec() as u32);
+            e.uid = m.uid();
+            e.gid = m.gid();
+            e.ino = m.ino() as u32;
+            e.dev = m.dev() as u32;
+            index.add(&e)?;
+        }
         index.write()?;
         Ok(())
     }
