@@ -12,45 +12,50 @@ use fleet_tests::submit::{git_repo, submit_yaml};
 use std::path::Path;
 use std::time::Duration;
 
+/// A graph of one command node on the worktree `worktree` (a YAML flow mapping); `command` is
+/// the inside of a YAML double-quoted string.
+fn one_command(name: &str, node: &str, command: &str, worktree: &str) -> String {
+    format!(
+        r#"
+name: {name}
+start: {node}
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 120
+nodes:
+  {node}:
+    kind: command
+    commands:
+      - "{command}"
+    worktree: {worktree}
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: {node}.ok
+"#
+    )
+}
+
 /// A read-only probe that reports what it sees and tries every way of changing the worktree;
 /// then a read-write job of the same commit that changes it.
-const GRAPH: &str = r#"
-name: shared-probe
-start: probe
-defaults:
-  image: fleet-agent-py:1
-  timeout_seconds: 60
-nodes:
-  probe:
-    kind: command
-    commands:
-      - "sh -c 'echo ino=$(stat -c %i probe.txt); echo file=$(cat probe.txt); for how in \"echo x > probe.txt\" \"echo x >> probe.txt\" \"touch new.txt\" \"rm -f probe.txt\" \"chmod 777 probe.txt\" \"mv probe.txt moved.txt\" \"mkdir d\" \"ln -s /etc/passwd link\"; do if sh -c \"$how\" 2>/dev/null; then echo changed=$how; fi; done; echo after=$(cat probe.txt)'"
-    worktree: { from: base, mode: ro }
-    routes:
-      - to: done
-  done:
-    kind: exit
-    status: probe.ok
-"#;
+fn graph() -> String {
+    one_command(
+        "shared-probe",
+        "probe",
+        r#"sh -c 'echo ino=$(stat -c %i probe.txt); echo file=$(cat probe.txt); for how in \"echo x > probe.txt\" \"echo x >> probe.txt\" \"touch new.txt\" \"rm -f probe.txt\" \"chmod 777 probe.txt\" \"mv probe.txt moved.txt\" \"mkdir d\" \"ln -s /etc/passwd link\"; do if sh -c \"$how\" 2>/dev/null; then echo changed=$how; fi; done; echo after=$(cat probe.txt)'"#,
+        "{ from: base, mode: ro }",
+    )
+}
 
-const WRITER: &str = r#"
-name: shared-writer
-start: write
-defaults:
-  image: fleet-agent-py:1
-  timeout_seconds: 60
-nodes:
-  write:
-    kind: command
-    commands:
-      - "sh -c 'echo changed-by-a-writer > probe.txt; echo ino=$(stat -c %i probe.txt)'"
-    worktree: { from: base, mode: rw }
-    routes:
-      - to: done
-  done:
-    kind: exit
-    status: write.ok
-"#;
+fn writer() -> String {
+    one_command(
+        "shared-writer",
+        "write",
+        r#"sh -c 'echo changed-by-a-writer > probe.txt; echo ino=$(stat -c %i probe.txt)'"#,
+        "{ from: base, mode: rw }",
+    )
+}
 
 /// A repository with `probe.txt` holding `content`, and `extra` more files.
 fn repo(dir: &Path, name: &str, content: &str, extra: usize) -> anyhow::Result<String> {
@@ -111,7 +116,7 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     let secret = format!("content-{}", std::process::id());
     let repo = repo(stack.dir.path(), "repo", &secret, 10)?;
 
-    let first = run(&stack, GRAPH, "probe", &repo).await?;
+    let first = run(&stack, &graph(), "probe", &repo).await?;
     assert_eq!(field(&first, "file"), secret, "the checkout is mounted");
     assert_eq!(changed(&first), Vec::<String>::new(), "{first:?}");
     assert_eq!(field(&first, "after"), secret);
@@ -119,10 +124,11 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     let inode = field(&first, "ino");
 
     // Later read-only jobs, one after another and two at once, read the same files.
-    let mut later = vec![run(&stack, GRAPH, "probe", &repo).await?];
+    let mut later = vec![run(&stack, &graph(), "probe", &repo).await?];
+    let probe = graph();
     let (a, b) = tokio::join!(
-        run(&stack, GRAPH, "probe", &repo),
-        run(&stack, GRAPH, "probe", &repo)
+        run(&stack, &probe, "probe", &repo),
+        run(&stack, &probe, "probe", &repo)
     );
     later.push(a?);
     later.push(b?);
@@ -141,12 +147,12 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
 
     // A read-write job of the same commit writes a worktree of its own (an overlay on the
     // checkout: the stack's worker runs as root)...
-    let w = run(&stack, WRITER, "write", &repo).await?;
+    let w = run(&stack, &writer(), "write", &repo).await?;
     assert!(!field(&w, "ino").is_empty(), "{w:?}");
     assert_eq!(worktrees(&stack, &worker, "layered").await?, 1.0);
     assert_eq!(worktrees(&stack, &worker, "private").await?, 0.0);
     // ...and what it wrote never reaches the commit's read-only jobs.
-    let after = run(&stack, GRAPH, "probe", &repo).await?;
+    let after = run(&stack, &graph(), "probe", &repo).await?;
     assert_eq!(field(&after, "file"), secret, "{after:?}");
     assert_eq!(field(&after, "ino"), inode);
 
@@ -164,7 +170,7 @@ async fn read_only_jobs_of_a_commit_share_one_checkout_that_none_can_change() ->
     );
     stack.kill_worker(&worker)?;
     stack.start_worker(&worker)?;
-    let again = run(&stack, GRAPH, "probe", &repo).await?;
+    let again = run(&stack, &graph(), "probe", &repo).await?;
     assert_eq!(field(&again, "file"), secret);
     assert_ne!(
         field(&again, "ino"),
@@ -201,15 +207,15 @@ async fn with_a_warm_pool_only_a_large_commit_is_shared() -> anyhow::Result<()> 
 
     // A small commit: a worktree of its own each time (the warm container is worth more).
     for _ in 0..2 {
-        let p = run(&stack, GRAPH, "probe", &small).await?;
+        let p = run(&stack, &graph(), "probe", &small).await?;
         assert_eq!(field(&p, "file"), "small");
         assert_eq!(changed(&p), Vec::<String>::new(), "{p:?}");
     }
     assert_eq!(worktrees(&stack, &worker, "private").await?, 2.0);
     // A large one: shared, its container started cold.
     let (a, b) = (
-        run(&stack, GRAPH, "probe", &large).await?,
-        run(&stack, GRAPH, "probe", &large).await?,
+        run(&stack, &graph(), "probe", &large).await?,
+        run(&stack, &graph(), "probe", &large).await?,
     );
     assert_eq!(
         field(&a, "ino"),
@@ -261,18 +267,18 @@ async fn a_worker_whose_disk_is_low_removes_idle_shared_checkouts() -> anyhow::R
         .join(format!("work-{worker}"))
         .join("git/checkouts");
 
-    let a = run(&stack, GRAPH, "probe", &one).await?;
+    let a = run(&stack, &graph(), "probe", &one).await?;
     assert_eq!(field(&a, "file"), "one");
     assert_eq!(checked_out(&checkouts)?, (1, vec![]));
     // The next job finds the disk low: the idle checkout goes before its own is made.
-    let b = run(&stack, GRAPH, "probe", &two).await?;
+    let b = run(&stack, &graph(), "probe", &two).await?;
     assert_eq!(field(&b, "file"), "two");
     assert_eq!(
         checked_out(&checkouts)?,
         (1, vec![]),
         "the idle one is gone"
     );
-    let again = run(&stack, GRAPH, "probe", &one).await?;
+    let again = run(&stack, &graph(), "probe", &one).await?;
     assert_eq!(field(&again, "file"), "one", "made again when needed");
     assert_eq!(changed(&again), Vec::<String>::new());
     assert_eq!(worktrees(&stack, &worker, "shared_new").await?, 3.0);
@@ -317,44 +323,24 @@ nodes:
     status: read.ok
 "#;
 
-const TRASHER: &str = r#"
-name: trasher
-start: trash
-defaults:
-  image: fleet-agent-py:1
-  timeout_seconds: 60
-nodes:
-  trash:
-    kind: command
-    commands:
-      - "sh -c 'chmod 700 many/f4.txt; echo more >> many/f1.txt; ln -s /etc/passwd link; ln -s /etc/passwd many/f5.txt 2>/dev/null; rm -rf ./* ./.[!.]*; echo left=$(ls -A | wc -l)'"
-    worktree: { from: base, mode: rw }
-    routes:
-      - to: done
-  done:
-    kind: exit
-    status: trash.ok
-"#;
+fn trasher() -> String {
+    one_command(
+        "trasher",
+        "trash",
+        r#"sh -c 'chmod 700 many/f4.txt; echo more >> many/f1.txt; ln -s /etc/passwd link; ln -s /etc/passwd many/f5.txt 2>/dev/null; rm -rf ./* ./.[!.]*; echo left=$(ls -A | wc -l)'"#,
+        "{ from: base, mode: rw }",
+    )
+}
 
 /// What reads the base commit: `probe.txt`, and how many files `many/` holds.
-const BASE_READER: &str = r#"
-name: base-reader
-start: read
-defaults:
-  image: fleet-agent-py:1
-  timeout_seconds: 60
-nodes:
-  read:
-    kind: command
-    commands:
-      - "sh -c 'echo probe=$(cat probe.txt); echo f1=$(cat many/f1.txt); echo f4=$(stat -c %a many/f4.txt); echo files=$(find many -type f | wc -l); echo extra=$(ls moved.txt new link hard.txt 2>/dev/null | wc -l)'"
-    worktree: { from: base, mode: ro }
-    routes:
-      - to: done
-  done:
-    kind: exit
-    status: read.ok
-"#;
+fn base_reader() -> String {
+    one_command(
+        "base-reader",
+        "read",
+        r#"sh -c 'echo probe=$(cat probe.txt); echo f1=$(cat many/f1.txt); echo f4=$(stat -c %a many/f4.txt); echo files=$(find many -type f | wc -l); echo extra=$(ls moved.txt new link hard.txt 2>/dev/null | wc -l)'"#,
+        "{ from: base, mode: ro }",
+    )
+}
 
 /// Mount points under `dir` in this machine's mount table (the tests run in the workers' mount
 /// namespace).
@@ -378,7 +364,7 @@ async fn a_writers_layered_worktree_commits_every_change_and_leaves_the_shared_c
     let work = stack.dir.path().join(format!("work-{worker}"));
 
     // The commit's read-only jobs make and read its checkout.
-    let before = run(&stack, BASE_READER, "read", &repo).await?;
+    let before = run(&stack, &base_reader(), "read", &repo).await?;
     assert_eq!(field(&before, "probe"), "original");
     assert_eq!(field(&before, "files"), "10");
 
@@ -396,12 +382,12 @@ async fn a_writers_layered_worktree_commits_every_change_and_leaves_the_shared_c
 
     // A writer that changes modes, links out and removes every file (no commit: its write
     // scope would refuse links and mode changes).
-    let trashed = run(&stack, TRASHER, "trash", &repo).await?;
+    let trashed = run(&stack, &trasher(), "trash", &repo).await?;
     assert_eq!(field(&trashed, "left"), "0", "{trashed:?}");
     assert_eq!(worktrees(&stack, &worker, "layered").await?, 2.0);
 
     // ...and none of it reached the checkout the commit's read-only jobs share.
-    let after = run(&stack, BASE_READER, "read", &repo).await?;
+    let after = run(&stack, &base_reader(), "read", &repo).await?;
     assert_eq!(
         (
             field(&after, "probe"),
@@ -425,24 +411,14 @@ async fn a_writers_layered_worktree_commits_every_change_and_leaves_the_shared_c
     Ok(())
 }
 
-const SLOW_WRITER: &str = r#"
-name: slow-writer
-start: write
-defaults:
-  image: fleet-agent-py:1
-  timeout_seconds: 120
-nodes:
-  write:
-    kind: command
-    commands:
-      - "sh -c 'echo x > probe.txt; sleep 20'"
-    worktree: { from: base, mode: rw }
-    routes:
-      - to: done
-  done:
-    kind: exit
-    status: write.ok
-"#;
+fn slow_writer() -> String {
+    one_command(
+        "slow-writer",
+        "write",
+        r#"sh -c 'echo x > probe.txt; sleep 20'"#,
+        "{ from: base, mode: rw }",
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_workers_overlays_are_unmounted_when_it_starts_again() -> anyhow::Result<()> {
@@ -453,7 +429,7 @@ async fn a_killed_workers_overlays_are_unmounted_when_it_starts_again() -> anyho
     let run = submit_yaml(
         &stack,
         "slow",
-        SLOW_WRITER,
+        &slow_writer(),
         Path::new(&repo),
         &serde_json::json!({}),
     )?;

@@ -151,20 +151,7 @@ impl SharedCheckouts {
         commit: &str,
         dest: &Path,
     ) -> Result<(Worktree, Lease), GitError> {
-        let (commit, lease) = self.hold(mirror, commit).await?;
-        let checkout = self.root.join(&commit);
-        let (mirror, dest) = (mirror.to_path_buf(), dest.to_owned());
-        let wt = crate::safe_fs::blocking(move || {
-            job_git_dir(
-                &mirror,
-                &checkout,
-                &commit,
-                &dest,
-                Files::Shared(checkout.join("wt")),
-            )
-        })
-        .await?;
-        Ok((wt, lease))
+        self.on_checkout(mirror, commit, dest, false).await
     }
 
     /// A worktree of `commit` of the job's own, layered over the shared checkout
@@ -176,12 +163,26 @@ impl SharedCheckouts {
         commit: &str,
         dest: &Path,
     ) -> Result<(Worktree, Lease), GitError> {
+        self.on_checkout(mirror, commit, dest, true).await
+    }
+
+    async fn on_checkout(
+        &self,
+        mirror: &Path,
+        commit: &str,
+        dest: &Path,
+        layered: bool,
+    ) -> Result<(Worktree, Lease), GitError> {
         let (commit, lease) = self.hold(mirror, commit).await?;
         let checkout = self.root.join(&commit);
         let (mirror, dest) = (mirror.to_path_buf(), dest.to_owned());
         let wt = crate::safe_fs::blocking(move || {
-            let merged = super::layered::mount(&checkout.join("wt"), &dest)?;
-            job_git_dir(&mirror, &checkout, &commit, &dest, Files::Layered(merged))
+            let files = if layered {
+                Files::Layered(super::layered::mount(&checkout.join("wt"), &dest)?)
+            } else {
+                Files::Shared(checkout.join("wt"))
+            };
+            job_git_dir(&mirror, &checkout, &commit, &dest, files)
         })
         .await?;
         Ok((wt, lease))
