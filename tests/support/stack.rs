@@ -194,16 +194,12 @@ impl Stack {
         let ns = unique_namespace(tag);
         let log_dir = workspace_root().join("target/test-logs").join(&ns);
         std::fs::create_dir_all(&log_dir)?;
-        let port = free_port();
-        let server = format!("http://127.0.0.1:{port}");
         let mut env = base_env(&ns);
         env.extend(owned(common_env));
         env.extend(owned(coordinator_env));
-        let coordinator = spawn(
-            &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
-            &env,
-            &log_dir.join("coordinator.log"),
-        )?;
+        let http = reqwest::Client::new();
+        let (coordinator, server) =
+            launch_coordinator(&http, &env, &log_dir.join("coordinator.log")).await?;
         let mut stack = Stack {
             ns: ns.clone(),
             server,
@@ -217,9 +213,8 @@ impl Stack {
             coordinator_env: owned(coordinator_env),
             common_env: owned(common_env),
             worker_concurrency: concurrency,
-            http: reqwest::Client::new(),
+            http,
         };
-        stack.wait_healthy().await?;
         for i in 1..=workers {
             let id = format!("{ns}-w{i}");
             stack.start_worker(&id)?;
@@ -437,14 +432,15 @@ impl Stack {
     /// one that died.
     pub async fn restart_coordinator(&mut self) -> anyhow::Result<()> {
         self.kill_coordinator()?;
-        let port = free_port();
-        self.server = format!("http://127.0.0.1:{port}");
-        self.coordinator = spawn(
-            &["coordinator", "--listen", &format!("127.0.0.1:{port}")],
+        let (proc, server) = launch_coordinator(
+            &self.http,
             &self.coordinator_env(),
             &self.log_dir.join("coordinator-2.log"),
-        )?;
-        self.wait_healthy().await
+        )
+        .await?;
+        self.coordinator = proc;
+        self.server = server;
+        Ok(())
     }
 
     /// Starts another coordinator on the same namespace, side by side with the first (it
@@ -558,24 +554,6 @@ impl Stack {
             }
         })
         .await
-    }
-
-    async fn wait_healthy(&self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(r) = self
-                .http
-                .get(format!("{}/healthz", self.server))
-                .send()
-                .await
-            {
-                if r.status().is_success() {
-                    return Ok(());
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        bail!("coordinator not healthy:\n{}", self.log("coordinator"))
     }
 
     /// Sends a GET, once more after a transport error (a pooled connection the server closed
@@ -836,6 +814,49 @@ pub fn run_cli(args: &[&str], env: &[(String, String)]) -> anyhow::Result<CliOut
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
+}
+
+/// Starts a coordinator on a free port and waits until it answers there. Its own log must say it
+/// listens on that port: a process that took the port between our picking it and the
+/// coordinator binding it would answer a health check too. A coordinator that lost its port
+/// that way is started again on another (up to 5 tries). Returns it and its address.
+async fn launch_coordinator(
+    http: &reqwest::Client,
+    env: &[(String, String)],
+    log: &Path,
+) -> anyhow::Result<(Proc, String)> {
+    for _ in 0..5 {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let server = format!("http://{listen}");
+        let mut proc = spawn(&["coordinator", "--listen", &listen], env, log)?;
+        let (ready, lost) = (
+            format!("listening on {server}"),
+            format!("cannot listen on {listen}"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if text.contains(&ready) {
+                let healthy = http.get(format!("{server}/healthz")).send().await;
+                if healthy.is_ok_and(|r| r.status().is_success()) {
+                    return Ok((proc, server));
+                }
+            }
+            let exited = match proc.child.as_mut() {
+                Some(c) => c.try_wait()?.is_some(),
+                None => true,
+            };
+            if exited && text.contains(&lost) {
+                break;
+            }
+            if exited || Instant::now() > deadline {
+                bail!("coordinator not healthy:\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    bail!("the coordinator found no free port in 5 tries")
 }
 
 fn spawn(args: &[&str], env: &[(String, String)], log: &Path) -> anyhow::Result<Proc> {
