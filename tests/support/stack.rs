@@ -751,6 +751,9 @@ impl Drop for Stack {
         for id in self.workers.keys() {
             remove_containers(&format!("fleet.worker={id}"));
         }
+        // The overlays of jobs its killed workers were running (a worker unmounts them when it
+        // starts again; these will not start again), before the folder is removed.
+        worker::git::layered::unmount_within(self.dir.path());
         delete_queues(&self.ns);
     }
 }
