@@ -274,7 +274,7 @@ fn check_out(
     }
     let wt = super::mirror::materialize_at(mirror, commit, &building)?;
     if let Some((uid, gid)) = owner {
-        chown_tree(&wt.dir, uid, gid)?;
+        crate::sandbox::give_tree(&wt.dir, uid, gid)?;
         wt.restat_index()?;
     }
     let target = root.join(commit);
@@ -282,24 +282,6 @@ fn check_out(
         std::fs::remove_dir_all(&target)?;
     }
     std::fs::rename(&building, &target)?;
-    Ok(())
-}
-
-/// Gives every file and folder under `dir` (itself included) to `uid:gid`, never following a
-/// link (the tree was just checked out of the mirror: nothing else wrote it).
-fn chown_tree(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        std::os::unix::fs::lchown(&d, Some(uid), Some(gid))?;
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
-            if e.file_type()?.is_dir() {
-                stack.push(e.path());
-            } else {
-                std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid))?;
-            }
-        }
-    }
     Ok(())
 }
 

@@ -396,38 +396,19 @@ fn harness_folder(dir: &Path, user: &str) -> std::io::Result<PathBuf> {
 
 /// Gives the worktree to the container's user (the worker may run as root; containers never do).
 fn hand_over(dir: &Path, user: &str) {
-    let Some((uid, gid)) = owner(user) else {
-        return;
-    };
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let _ = std::os::unix::fs::lchown(&p, Some(uid), Some(gid));
-        if let Ok(entries) = std::fs::read_dir(&p) {
-            for e in entries.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    stack.push(e.path());
-                } else {
-                    let _ = std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid));
-                }
-            }
-        }
+    if let Ok((uid, gid)) = crate::sandbox::check_user(user) {
+        let _ = crate::sandbox::give_tree(dir, uid, gid);
     }
 }
 
 /// `hand_over` for a layered worktree: its root, and its `.git` if the worker wrote one (every
 /// other file is its checkout's, the sandbox user's already).
 fn hand_over_layered(dir: &Path, user: &str) {
-    if let Some((uid, gid)) = owner(user) {
+    if let Ok((uid, gid)) = crate::sandbox::check_user(user) {
         let _ = std::os::unix::fs::lchown(dir, Some(uid), Some(gid));
     }
     let dot_git = dir.join(".git");
     if std::fs::symlink_metadata(&dot_git).is_ok_and(|m| m.is_dir()) {
         hand_over(&dot_git, user);
     }
-}
-
-/// The numeric `uid:gid` of a sandbox user.
-fn owner(user: &str) -> Option<(u32, u32)> {
-    let (uid, gid) = user.split_once(':')?;
-    Some((uid.parse().ok()?, gid.parse().ok()?))
 }

@@ -8,7 +8,7 @@ pub mod local;
 pub mod warm;
 
 use async_trait::async_trait;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -67,6 +67,37 @@ impl Default for Limits {
             shm_bytes: 64 * 1024 * 1024,
         }
     }
+}
+
+/// Gives every file and folder under `dir` (itself included) to `uid:gid`, never following a
+/// link; an entry that cannot be changed or read is passed over, and the first such error is
+/// returned once the rest is done.
+pub fn give_tree(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    let mut first = None;
+    let mut note = |r: std::io::Result<()>| {
+        if let Err(e) = r {
+            first.get_or_insert(e);
+        }
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        note(std::os::unix::fs::lchown(&d, Some(uid), Some(gid)));
+        let entries = match std::fs::read_dir(&d) {
+            Ok(entries) => entries,
+            Err(e) => {
+                note(Err(e));
+                continue;
+            }
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            } else {
+                note(std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid)));
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Checks the user containers run as: numeric `uid:gid`, neither of them root's (0). A name is
