@@ -208,10 +208,16 @@ async fn a_submission_carries_its_repository_and_the_same_one_uploads_nothing_ag
     assert_eq!(resp.status().as_u16(), 400);
     // Past FLEET_MAX_UPLOAD_MB (1 here): refused before it is read to the end.
     // (The server may close the connection before the client has sent it all; the refusal is
-    // then seen in its counter below.)
+    // then seen in its counter below.) The rest of the body is still on the connection, so the
+    // answer closes it: a client that sent its next request on it had that request cut off.
     let big = vec![7u8; 3 << 20];
     if let Ok(resp) = send(big, &commit).await {
+        let connection = resp.headers().get("connection").cloned();
         assert_eq!(resp.status().as_u16(), 413, "{}", resp.text().await?);
+        assert_eq!(
+            connection.as_ref().map(|v| v.as_bytes()),
+            Some(&b"close"[..])
+        );
     }
     let resp = http
         .post(format!("{}/v1/runs", stack.server))

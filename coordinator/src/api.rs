@@ -158,6 +158,11 @@ impl IntoResponse for ApiError {
             error: self.1,
             details: self.2,
         };
+        if self.0 == StatusCode::PAYLOAD_TOO_LARGE {
+            // Refused before its body was read to the end: the rest of it is still on the
+            // connection, which a client must not send its next request on.
+            return (self.0, [(header::CONNECTION, "close")], Json(body)).into_response();
+        }
         (self.0, Json(body)).into_response()
     }
 }
