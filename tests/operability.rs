@@ -3,7 +3,8 @@
 //! it and its address (never its credentials); logs in a file carry no colour codes; JSON logs
 //! parse; `fleet wait | head -1` ends without a panic; cancelling a finished run says so; a
 //! graph with an unknown field is refused naming the field; a client waiting on a fan-out does
-//! not make the coordinator read the whole run back from the store at each commit.
+//! not make the coordinator read the whole run back from the store at each commit, nor do
+//! status reads of a finished run.
 
 use fleet_tests::stack::{
     base_env, example, fleet_bin, make_calc_repo, sum_samples, unique_namespace, workspace_root,
@@ -412,6 +413,58 @@ async fn a_waiter_on_a_fan_out_never_makes_the_coordinator_reload_the_run() -> a
     assert!(
         loads <= 3.0,
         "the run was read from the store {loads} times over {commits} commits"
+    );
+    Ok(())
+}
+
+/// Status reads of a finished run are served from the state the coordinator holds: the one
+/// that finished it keeps it (it used to let it go, and each read loaded the whole run back
+/// from Redis: 443 ms a read at 30,000 branches, BENCHMARKS.md §16), and one that starts
+/// afterwards holds it from its first read on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_of_a_finished_run_read_it_from_the_store_at_most_once() -> anyhow::Result<()>
+{
+    let mut stack = Stack::start_with("opheld", 1, 8, &[]).await?;
+    let run = submit_fanout(&stack, 40)?;
+    stack.wait_run_told(&run, Duration::from_secs(120)).await?;
+    let views = [
+        format!("/v1/runs/{run}"),
+        format!("/v1/runs/{run}/summary"),
+        format!("/v1/runs/{run}/result"),
+        format!("/v1/runs/{run}?node=noop"),
+    ];
+    let mut seen = Vec::new();
+    for round in ["finisher", "restarted"] {
+        let loads = || async {
+            let text = stack.get_text("/metrics").await?;
+            anyhow::Ok(sum_samples(&text, "fleet_run_store_loads_total", &[]))
+        };
+        let before = loads().await?;
+        for _ in 0..5 {
+            for view in &views {
+                let v = stack.get(view).await?;
+                assert_eq!(v["status"], "succeeded", "{round} {view}: {v}");
+            }
+        }
+        let full = stack.get(&views[0]).await?;
+        let noops = (full["jobs"].as_array().into_iter().flatten())
+            .filter(|j| j["node"] == "noop")
+            .count();
+        assert_eq!(noops, 40, "{full}");
+        let loads = loads().await? - before;
+        let most = if round == "finisher" { 0.0 } else { 1.0 };
+        assert!(
+            loads <= most,
+            "{round}: the finished run was read from the store {loads} times in 21 reads"
+        );
+        seen.push(full);
+        if round == "finisher" {
+            stack.restart_coordinator().await?;
+        }
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "the same run before and after the restart"
     );
     Ok(())
 }

@@ -17,6 +17,7 @@ mod relay;
 mod retention;
 mod state_cache;
 mod store_log;
+mod stored_content;
 mod team_notices;
 #[cfg(test)]
 mod tests;
@@ -136,10 +137,6 @@ pub fn unique_id() -> String {
 
 /// Graph bundles a coordinator keeps in memory at most.
 const GRAPH_CACHE_MAX: usize = 256;
-/// Repository snapshots remembered (`Coordinator::known_snapshot`).
-const SNAPSHOTS_MAX: usize = 64;
-/// Content keys remembered as stored (`Coordinator::put_content_once`).
-const STORED_KEYS_MAX: usize = 4096;
 
 /// Runs of batches under way at once over the fleet unless `FLEET_BATCH_SLOTS` says otherwise.
 pub const DEFAULT_BATCH_SLOTS: usize = 32;
@@ -178,7 +175,10 @@ impl Coordinator {
             queue_grace: Duration::from_secs(env_u64("FLEET_QUEUE_GRACE_SECONDS", 6 * 3600)),
             batch_slots: env_u64("FLEET_BATCH_SLOTS", DEFAULT_BATCH_SLOTS as u64) as usize,
             mirrored: Mutex::new(HashMap::new()),
-            states: Default::default(),
+            states: state_cache::StateCache::with_bound(
+                env_u64("FLEET_STATE_CACHE_MB", state_cache::DEFAULT_STATE_CACHE_MB)
+                    .saturating_mul(1 << 20) as usize,
+            ),
             clock: Arc::new(SystemClock),
             batch_wake: Notify::new(),
             stored: Mutex::new(std::collections::HashSet::new()),
@@ -194,41 +194,6 @@ impl Coordinator {
             http: crate::schedules::webhook::client(),
             team_job_limits: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Stores `bytes` under the content-addressed `key` unless this coordinator knows it is
-    /// there already (stored by it, or found by a check).
-    pub async fn put_content_once(&self, key: &str, bytes: Vec<u8>) -> Result<(), DriverError> {
-        if self.stored.lock().expect("stored keys").contains(key) {
-            return Ok(());
-        }
-        if !self.blobs.exists(key).await? {
-            self.blobs.put(key, bytes).await?;
-        }
-        let mut stored = self.stored.lock().expect("stored keys");
-        if stored.len() >= STORED_KEYS_MAX {
-            stored.clear();
-        }
-        stored.insert(key.to_string());
-        Ok(())
-    }
-
-    /// The pack key and tree hash of `repo` at `commit`, when this coordinator stored them.
-    pub fn known_snapshot(&self, repo: &str, commit: &str) -> Option<(String, String)> {
-        self.snapshots
-            .lock()
-            .expect("snapshots")
-            .get(&(repo.to_string(), commit.to_string()))
-            .cloned()
-    }
-
-    /// Notes that `repo` at `commit` is stored as the pack `known.0` with tree hash `known.1`.
-    pub fn remember_snapshot(&self, repo: &str, commit: &str, known: (String, String)) {
-        let mut snapshots = self.snapshots.lock().expect("snapshots");
-        if snapshots.len() >= SNAPSHOTS_MAX {
-            snapshots.clear();
-        }
-        snapshots.insert((repo.to_string(), commit.to_string()), known);
     }
 
     /// Replaces the system clock (tests, embedders).
@@ -415,10 +380,11 @@ impl Coordinator {
                         self.outbox_ready.notify_one();
                     }
                     if current.status.is_terminal() && current.pending_jobs().next().is_none() {
-                        self.forget_run(run);
-                    } else {
-                        self.states.put(current, version + 1, weight);
+                        // No more commits here; its state stays held for reads while the
+                        // cache's bound allows.
+                        self.let_go_run(run);
                     }
+                    self.states.put(current, version + 1, weight);
                     phase.end("after");
                     return Ok(applied);
                 }
@@ -449,9 +415,15 @@ impl Coordinator {
             .clone()
     }
 
-    fn forget_run(&self, run: &RunId) {
+    /// Drops what this coordinator keeps to commit a run: its lock and its mirror mark.
+    fn let_go_run(&self, run: &RunId) {
         self.run_locks.lock().expect("run locks").remove(run);
         self.mirrored.lock().expect("mirror marks").remove(run);
+    }
+
+    /// Drops everything this coordinator keeps of a run, its state too.
+    fn forget_run(&self, run: &RunId) {
+        self.let_go_run(run);
         self.states.forget(run);
     }
 

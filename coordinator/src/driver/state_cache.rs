@@ -10,65 +10,164 @@ use shared::ids::RunId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// At most this many runs' states are held; past it, an arbitrary one is let go (it is
-/// loaded from the store on its next commit).
-const HELD_RUNS: usize = 256;
+/// At most this many runs' states are held, whatever they weigh.
+const HELD_RUNS: usize = 4096;
+
+/// The stored weight of the states held unless `FLEET_STATE_CACHE_MB` says otherwise.
+pub const DEFAULT_STATE_CACHE_MB: u64 = 256;
 
 /// A run's state, its version and its weight in the store.
 pub(super) type Held = (RunState, u64, Weight);
 
-/// A held state as the cache keeps it: shared with the reads copying it.
-type Shared = (Arc<RunState>, u64, Weight);
+/// A held state: shared with the reads looking at it, with what eviction weighs.
+struct Entry {
+    state: Arc<RunState>,
+    version: u64,
+    weight: Weight,
+    /// When it was last put or read (a tick of the cache's own clock).
+    used: u64,
+    /// A finished run is only read; it goes before any run still committing.
+    finished: bool,
+}
+
+impl Entry {
+    fn bytes(&self) -> usize {
+        self.weight.snapshot_bytes + self.weight.delta_bytes
+    }
+}
+
+#[derive(Default)]
+struct Cached {
+    runs: HashMap<RunId, Entry>,
+    /// The sum of the held entries' `bytes`.
+    bytes: usize,
+    tick: u64,
+}
 
 /// The states are shared, so a read copies one outside the lock: a copy of a 100,000-job run
 /// takes milliseconds, and holding the lock for it would stall every commit meanwhile.
-#[derive(Default)]
+///
+/// Bounded by count and by the runs' weight in the store (`FLEET_STATE_CACHE_MB`): past either,
+/// finished runs go first, least recently used first, then runs under way the same way. The
+/// state just put is never the one let go, so a run heavier than the bound is still held while
+/// it commits. A state let go is loaded from the store when next needed.
 pub(super) struct StateCache {
-    runs: Mutex<HashMap<RunId, Shared>>,
+    held: Mutex<Cached>,
+    max_bytes: usize,
+}
+
+impl Default for StateCache {
+    fn default() -> Self {
+        Self::with_bound(DEFAULT_STATE_CACHE_MB as usize * (1 << 20))
+    }
 }
 
 impl StateCache {
+    pub(super) fn with_bound(max_bytes: usize) -> Self {
+        Self {
+            held: Mutex::default(),
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
+        self.held.lock().expect("state cache")
+    }
+
     /// Takes a run's state out (a commit changes it in place); copied only if a read is
     /// copying it right now.
     pub(super) fn take(&self, run: &RunId) -> Option<Held> {
-        let (state, version, weight) = self.runs.lock().expect("state cache").remove(run)?;
-        let state = Arc::try_unwrap(state).unwrap_or_else(|shared| (*shared).clone());
-        Some((state, version, weight))
+        let entry = {
+            let mut held = self.lock();
+            let entry = held.runs.remove(run)?;
+            held.bytes -= entry.bytes();
+            entry
+        };
+        let state = Arc::try_unwrap(entry.state).unwrap_or_else(|shared| (*shared).clone());
+        Some((state, entry.version, entry.weight))
     }
 
     /// A copy of a run's state (a read).
     pub(super) fn copy(&self, run: &RunId) -> Option<(RunState, u64)> {
-        let (state, version) = {
-            let runs = self.runs.lock().expect("state cache");
-            runs.get(run).map(|(s, v, _)| (s.clone(), *v))?
-        };
+        let (state, version) = self.share(run)?;
         Some(((*state).clone(), version))
     }
 
     /// The held state itself, shared (a look that copies nothing).
     pub(super) fn share(&self, run: &RunId) -> Option<(Arc<RunState>, u64)> {
-        let runs = self.runs.lock().expect("state cache");
-        runs.get(run).map(|(s, v, _)| (s.clone(), *v))
+        let mut held = self.lock();
+        held.tick += 1;
+        let tick = held.tick;
+        let entry = held.runs.get_mut(run)?;
+        entry.used = tick;
+        Some((entry.state.clone(), entry.version))
     }
 
+    /// Holds a state this coordinator committed (replacing what it held of the run).
     pub(super) fn put(&self, state: RunState, version: u64, weight: Weight) {
-        let mut runs = self.runs.lock().expect("state cache");
-        if runs.len() >= HELD_RUNS && !runs.contains_key(&state.run_id) {
-            if let Some(other) = runs.keys().next().cloned() {
-                runs.remove(&other);
+        self.insert(state, version, weight, true);
+    }
+
+    /// Holds a state read from the store, unless a newer one of the run is held.
+    pub(super) fn offer(&self, state: RunState, version: u64, weight: Weight) {
+        self.insert(state, version, weight, false);
+    }
+
+    fn insert(&self, state: RunState, version: u64, weight: Weight, replace_newer: bool) {
+        let mut held = self.lock();
+        let run = state.run_id.clone();
+        if let Some(old) = held.runs.get(&run) {
+            if !replace_newer && old.version >= version {
+                return;
             }
         }
-        runs.insert(state.run_id.clone(), (Arc::new(state), version, weight));
+        held.tick += 1;
+        let finished = state.status.is_terminal() && state.pending_jobs().next().is_none();
+        let entry = Entry {
+            finished,
+            state: Arc::new(state),
+            version,
+            weight,
+            used: held.tick,
+        };
+        held.bytes += entry.bytes();
+        if let Some(old) = held.runs.insert(run.clone(), entry) {
+            held.bytes -= old.bytes();
+        }
+        while held.runs.len() > HELD_RUNS || held.bytes > self.max_bytes {
+            let Some(victim) = victim(&held.runs, &run) else {
+                break;
+            };
+            let gone = held.runs.remove(&victim).expect("the victim is held");
+            held.bytes -= gone.bytes();
+        }
     }
 
     pub(super) fn forget(&self, run: &RunId) {
-        self.runs.lock().expect("state cache").remove(run);
+        let mut held = self.lock();
+        if let Some(gone) = held.runs.remove(run) {
+            held.bytes -= gone.bytes();
+        }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.runs.lock().expect("state cache").len()
+        self.lock().runs.len()
     }
+
+    #[cfg(test)]
+    fn holds(&self, run: &str) -> bool {
+        self.lock().runs.contains_key(&RunId::new(run))
+    }
+}
+
+/// The run to let go: a finished one before one under way, the least recently used first;
+/// never `keep`.
+fn victim(runs: &HashMap<RunId, Entry>, keep: &RunId) -> Option<RunId> {
+    (runs.iter())
+        .filter(|(run, _)| *run != keep)
+        .min_by_key(|(_, e)| (!e.finished, e.used))
+        .map(|(run, _)| run.clone())
 }
 
 /// Is `state` at `version` the state the store's head names?
@@ -88,8 +187,9 @@ impl Coordinator {
     }
 
     /// `look` at the run's state without copying it while this coordinator holds it (and the
-    /// store's head still names it); loaded from the store otherwise. For readers that need a
-    /// little of a big run often (a waiter looking for its end at every commit).
+    /// store's head still names it); loaded from the store otherwise, and held from then on.
+    /// For readers that need a little of a big run often (a waiter looking for its end at
+    /// every commit, status reads of a finished run).
     pub async fn peek<T>(
         &self,
         run: &RunId,
@@ -113,7 +213,16 @@ impl Coordinator {
                 }
             }
         }
-        Ok(look(&self.load(run).await?))
+        // Not held (a run that ended before this coordinator started, or one let go): read
+        // from the store and held for the next look.
+        match self.stored(run).await? {
+            Some((state, version, weight)) => {
+                let seen = look(&state);
+                self.states.offer(state, version, weight);
+                Ok(seen)
+            }
+            None => Ok(look(&self.load(run).await?)),
+        }
     }
 
     /// The run's commit lock if this coordinator has made one (a commit may be in flight);
@@ -190,5 +299,87 @@ mod tests {
         cache.put(at("c2"), 2, Weight::default());
         assert_eq!(cache.take(&RunId::new("r1")).map(|(_, v, _)| v), Some(2));
         assert!(cache.take(&RunId::new("r1")).is_none(), "taken out");
+    }
+
+    fn weighing(bytes: usize) -> Weight {
+        Weight {
+            snapshot_bytes: bytes,
+            delta_bytes: 0,
+        }
+    }
+
+    fn finished(run: &str) -> RunState {
+        let mut s = state(run);
+        s.status = shared::engine::RunStatus::Succeeded;
+        s
+    }
+
+    #[test]
+    fn past_its_weight_the_cache_lets_finished_runs_go_first_least_recently_read_first() {
+        let cache = StateCache::with_bound(300);
+        cache.put(finished("old"), 1, weighing(100));
+        cache.put(state("busy"), 1, weighing(100));
+        cache.put(finished("read"), 1, weighing(100));
+        assert!(
+            cache.share(&RunId::new("old")).is_some(),
+            "read: now the newest"
+        );
+        cache.put(state("new"), 1, weighing(100));
+        assert!(
+            !cache.holds("read"),
+            "the finished run read least recently went"
+        );
+        assert!(cache.holds("old") && cache.holds("busy") && cache.holds("new"));
+        cache.put(state("newer"), 1, weighing(100));
+        assert!(!cache.holds("old"), "the other finished run went next");
+        assert!(
+            cache.holds("busy"),
+            "a run under way goes only when no finished run is left"
+        );
+        cache.put(state("newest"), 1, weighing(100));
+        assert!(
+            !cache.holds("busy"),
+            "then the least recently used run under way"
+        );
+        assert_eq!(cache.len(), 3);
+    }
+
+    #[test]
+    fn a_run_heavier_than_the_bound_is_held_while_it_commits() {
+        let cache = StateCache::with_bound(100);
+        cache.put(state("small"), 1, weighing(50));
+        cache.put(state("big"), 1, weighing(1_000));
+        assert!(cache.holds("big"), "the state just put stays");
+        assert!(!cache.holds("small"));
+        let (_, version, weight) = cache.take(&RunId::new("big")).expect("held");
+        cache.put(state("big"), version + 1, weight);
+        assert_eq!(cache.len(), 1, "its weight was counted once: {weight:?}");
+    }
+
+    #[test]
+    fn a_state_read_from_the_store_never_replaces_a_newer_one() {
+        let cache = StateCache::default();
+        cache.put(at("c7"), 7, weighing(10));
+        cache.offer(at("c6"), 6, weighing(10));
+        assert_eq!(cache.share(&RunId::new("r1")).map(|(_, v)| v), Some(7));
+        cache.offer(at("c8"), 8, weighing(10));
+        assert_eq!(cache.share(&RunId::new("r1")).map(|(_, v)| v), Some(8));
+        // A commit puts what it committed, whatever is held.
+        cache.put(at("x8"), 8, weighing(10));
+        let (s, _) = cache.share(&RunId::new("r1")).expect("held");
+        assert_eq!(s.commit, "x8");
+    }
+
+    #[test]
+    fn the_weight_held_is_the_sum_of_what_is_held() {
+        let cache = StateCache::with_bound(1_000);
+        cache.put(state("a"), 1, weighing(300));
+        cache.put(state("b"), 1, weighing(300));
+        cache.put(state("a"), 2, weighing(400));
+        cache.offer(state("c"), 1, weighing(200));
+        assert_eq!(cache.lock().bytes, 900);
+        cache.forget(&RunId::new("b"));
+        assert!(cache.take(&RunId::new("c")).is_some());
+        assert_eq!(cache.lock().bytes, 400);
     }
 }

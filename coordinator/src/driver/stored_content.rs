@@ -1,0 +1,46 @@
+//! What a coordinator remembers having stored: content-addressed blobs and repository
+//! snapshots, so a second submission of the same bytes costs no request to the object store.
+
+use super::{Coordinator, DriverError};
+
+/// Repository snapshots remembered (`Coordinator::known_snapshot`).
+const SNAPSHOTS_MAX: usize = 64;
+/// Content keys remembered as stored (`Coordinator::put_content_once`).
+const STORED_KEYS_MAX: usize = 4096;
+
+impl Coordinator {
+    /// Stores `bytes` under the content-addressed `key` unless this coordinator knows it is
+    /// there already (stored by it, or found by a check).
+    pub async fn put_content_once(&self, key: &str, bytes: Vec<u8>) -> Result<(), DriverError> {
+        if self.stored.lock().expect("stored keys").contains(key) {
+            return Ok(());
+        }
+        if !self.blobs.exists(key).await? {
+            self.blobs.put(key, bytes).await?;
+        }
+        let mut stored = self.stored.lock().expect("stored keys");
+        if stored.len() >= STORED_KEYS_MAX {
+            stored.clear();
+        }
+        stored.insert(key.to_string());
+        Ok(())
+    }
+
+    /// The pack key and tree hash of `repo` at `commit`, when this coordinator stored them.
+    pub fn known_snapshot(&self, repo: &str, commit: &str) -> Option<(String, String)> {
+        self.snapshots
+            .lock()
+            .expect("snapshots")
+            .get(&(repo.to_string(), commit.to_string()))
+            .cloned()
+    }
+
+    /// Notes that `repo` at `commit` is stored as the pack `known.0` with tree hash `known.1`.
+    pub fn remember_snapshot(&self, repo: &str, commit: &str, known: (String, String)) {
+        let mut snapshots = self.snapshots.lock().expect("snapshots");
+        if snapshots.len() >= SNAPSHOTS_MAX {
+            snapshots.clear();
+        }
+        snapshots.insert((repo.to_string(), commit.to_string()), known);
+    }
+}
