@@ -5,7 +5,8 @@
 //! changes, adds and removes is its commit's, and its worker leaves nothing mounted, even when
 //! killed), a restarted worker trusts no
 //! checkout it left, with a warm pool only a large commit is shared, and a worker whose disk is
-//! low removes the idle ones. (The step cache is off: every probe must run.)
+//! low removes the idle ones, and empties its git mirror when no job holds it. (The step cache
+//! is off: every probe must run.)
 
 use fleet_tests::stack::Stack;
 use fleet_tests::submit::{git_repo, submit_yaml};
@@ -291,6 +292,118 @@ async fn a_worker_whose_disk_is_low_removes_idle_shared_checkouts() -> anyhow::R
         )
         .await?;
     assert_eq!(evicted, 2.0);
+    // The git mirror too, when no job held it: the second and third jobs each emptied it, and
+    // fetched their pack again.
+    let emptied = stack
+        .worker_metric(
+            &worker,
+            "fleet_worker_disk_pressure_evictions_total",
+            &[("what", "mirror")],
+        )
+        .await?;
+    assert_eq!(emptied, 2.0);
+    let packs = checkouts.with_file_name("packs-indexed");
+    assert_eq!(
+        std::fs::read_dir(&packs)?.count(),
+        1,
+        "only the last run's pack is in the mirror"
+    );
+    Ok(())
+}
+
+/// A writer that waits for the test's word (a file `go` in its worktree) before it writes
+/// and commits; its commit is read by the next node.
+const HELD_WRITER: &str = r#"
+name: held-writer
+start: write
+defaults:
+  image: fleet-agent-py:1
+  timeout_seconds: 120
+nodes:
+  write:
+    kind: command
+    commands:
+      - "sh -c 'while [ ! -e go ]; do sleep 0.1; done; echo by-the-writer > probe.txt; echo wrote=yes'"
+    worktree: { from: base, mode: rw, commit: true }
+    writes: ["'**'"]
+    routes:
+      - to: read
+  read:
+    kind: command
+    commands:
+      - "sh -c 'echo probe=$(cat probe.txt)'"
+    worktree: { from: write, mode: ro }
+    routes:
+      - to: done
+  done:
+    kind: exit
+    status: read.ok
+"#;
+
+/// The mirror's objects are read by every job's git directory, so a job holds the mirror
+/// until it ends: another job that finds the disk low meanwhile leaves it be, and the holder
+/// commits on it. Once nobody holds it, the next low disk empties it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_holding_the_mirror_keeps_it_when_the_disk_is_low() -> anyhow::Result<()> {
+    let stack = Stack::start_with(
+        "sharedheld",
+        1,
+        2,
+        &[
+            ("FLEET_STEP_CACHE", "off"),
+            ("FLEET_DISK_LOW_WATER_MB", "1000000000"),
+        ],
+    )
+    .await?;
+    let worker = stack.worker_ids()[0].clone();
+    let emptied = || {
+        stack.worker_metric(
+            &worker,
+            "fleet_worker_disk_pressure_evictions_total",
+            &[("what", "mirror")],
+        )
+    };
+    let one = repo(stack.dir.path(), "one", "one", 3)?;
+    let two = repo(stack.dir.path(), "two", "two", 3)?;
+    let held = submit_yaml(
+        &stack,
+        "held",
+        HELD_WRITER,
+        Path::new(&one),
+        &serde_json::json!({}),
+    )?;
+    // The writer's worktree, once its job is waiting in it.
+    let jobs = stack.dir.path().join(format!("work-{worker}/jobs"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let wt = loop {
+        let found = std::fs::read_dir(&jobs).into_iter().flatten().flatten();
+        let waiting = found
+            .map(|e| e.path().join("wt"))
+            .find(|wt| wt.join("probe.txt").exists());
+        if let Some(wt) = waiting {
+            break wt;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the writer never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Another job finds the disk low while the writer holds the mirror.
+    let other = run(&stack, &graph(), "probe", &two).await?;
+    assert_eq!(field(&other, "file"), "two");
+    assert_eq!(emptied().await?, 0.0, "the held mirror was emptied");
+    std::fs::write(wt.join("go"), "")?;
+    let status = stack.wait_run(&held, Duration::from_secs(120)).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let read = stack
+        .node_artifact_text(&held, "read", 1, "logs/command_0.stdout")
+        .await?;
+    assert!(read.contains("probe=by-the-writer"), "{read}");
+    // Nobody holds it now: the next low disk empties it.
+    let again = run(&stack, &graph(), "probe", &two).await?;
+    assert_eq!(field(&again, "file"), "two");
+    assert!(emptied().await? >= 1.0, "an idle mirror is emptied");
     Ok(())
 }
 

@@ -1,5 +1,10 @@
 //! The worker's bare mirror: packs from object storage indexed into it once each, and a fresh
 //! worktree per job checked out of it, whose git directory lives outside the mounted folder.
+//!
+//! Jobs' git directories read the mirror's objects (alternates), so each job holds the mirror
+//! (`GitCache::hold`) from before its packs are fetched until it ends; under disk pressure the
+//! mirror is emptied only when no job holds it (`GitCache::evict_idle_mirror`), and its packs
+//! are fetched again as jobs need them.
 
 use super::shared_checkout::{keep_from_env, Lease, SharedCheckouts};
 use super::{GitError, Worktree};
@@ -8,12 +13,20 @@ use git2::{build::CheckoutBuilder, Oid, Repository};
 use shared::hashing::sha256_hex;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use tokio::sync::Mutex;
+use std::sync::Arc;
+use tokio::sync::{Mutex, OwnedRwLockReadGuard, RwLock};
+
+/// A job's hold on the mirror: it is not emptied while any hold lasts.
+pub struct MirrorHold {
+    _held: OwnedRwLockReadGuard<()>,
+}
 
 /// The per-worker cache: one bare mirror holding every pack the worker has seen.
 pub struct GitCache {
     mirror: PathBuf,
     lock: Mutex<()>,
+    /// Read by every job that holds the mirror; written only to empty it.
+    holders: Arc<RwLock<()>>,
     checkouts: SharedCheckouts,
     /// Jobs' own worktrees are overlays on the shared checkouts.
     layered: bool,
@@ -35,6 +48,7 @@ impl GitCache {
         Ok(Self {
             mirror,
             lock: Mutex::new(()),
+            holders: Arc::default(),
             layered: layered && checkouts.enabled(),
             checkouts,
             counts: Mutex::default(),
@@ -90,6 +104,33 @@ impl GitCache {
         self.checkouts.evict_idle().await
     }
 
+    /// Holds the mirror for a job: from before its packs are fetched until its worktree is
+    /// gone (its git directory reads the mirror's objects).
+    pub async fn hold(&self) -> MirrorHold {
+        MirrorHold {
+            _held: self.holders.clone().read_owned().await,
+        }
+    }
+
+    /// Empties the mirror when no job holds it and it holds any pack (disk pressure): the
+    /// packs are fetched again when a job needs them. Whether it was emptied.
+    pub async fn evict_idle_mirror(&self) -> Result<bool, GitError> {
+        let Ok(_alone) = self.holders.clone().try_write_owned() else {
+            return Ok(false);
+        };
+        let _indexing = self.lock.lock().await;
+        let (mirror, markers) = (self.mirror.clone(), self.markers_dir());
+        let emptied = crate::safe_fs::blocking(move || empty_mirror(&mirror, &markers)).await?;
+        if emptied {
+            self.counts.lock().await.clear();
+        }
+        Ok(emptied)
+    }
+
+    fn markers_dir(&self) -> PathBuf {
+        (self.mirror.parent().expect("mirror has a parent")).join("packs-indexed")
+    }
+
     /// Whether read-only jobs may share a commit's checkout here (`FLEET_SHARED_CHECKOUTS`).
     pub fn shares_checkouts(&self) -> bool {
         self.checkouts.enabled()
@@ -107,11 +148,7 @@ impl GitCache {
     }
 
     fn marker(&self, key: &str) -> PathBuf {
-        self.mirror
-            .parent()
-            .expect("mirror has a parent")
-            .join("packs-indexed")
-            .join(sha256_hex(key.as_bytes()))
+        self.markers_dir().join(sha256_hex(key.as_bytes()))
     }
 
     /// Downloads and indexes every pack not yet in the mirror.
@@ -201,6 +238,20 @@ pub(super) fn materialize_at(
         shared: false,
         layered: false,
     })
+}
+
+/// Empties the mirror if any pack is marked indexed: the markers go first (a mirror without
+/// a pack its marker names would never fetch it again), then the mirror is made anew.
+fn empty_mirror(mirror: &Path, markers: &Path) -> Result<bool, GitError> {
+    if std::fs::read_dir(markers)?.next().is_none() {
+        return Ok(false);
+    }
+    std::fs::remove_dir_all(markers)?;
+    std::fs::create_dir_all(markers)?;
+    std::fs::remove_dir_all(mirror)?;
+    std::fs::create_dir_all(mirror)?;
+    Repository::init_bare(mirror)?;
+    Ok(true)
 }
 
 fn index_pack(mirror: &Path, bytes: &[u8]) -> Result<(), GitError> {

@@ -26,7 +26,7 @@ mod upload;
 mod worktree;
 
 pub use changes::patch_changes;
-pub use mirror::GitCache;
+pub use mirror::{GitCache, MirrorHold};
 pub use repo::{files_on_disk, pack_commit, pack_repository, resolve_clean, RepoPack};
 pub use shared_checkout::{Lease, SHARED_CHECKOUTS_ENV};
 pub use upload::{inspect_pack, UploadedCommit};

@@ -72,6 +72,7 @@ impl Runner {
         };
         let (worktree, run_base_tree) = match &spec.worktree {
             Some(w) => {
+                let _reading = self.git.hold().await;
                 self.git.ensure_packs(&self.blobs, &w.packs).await?;
                 let at = if w.commit_out {
                     w.commit.clone()

@@ -62,10 +62,13 @@ impl Runner {
             // A low disk first gives back what no job is using (this job's worktree needs room).
             self.relieve_disk_pressure().await;
         }
-        // Held until the execution ends: the shared checkout stays while this job reads it.
+        // Held until the execution ends: the shared checkout stays while this job reads it,
+        // and the mirror whose objects its git directory reads.
         let mut _checkout_lease = None;
+        let mut _mirror_hold = None;
         let worktree = match &spec.worktree {
             Some(w) => {
+                _mirror_hold = Some(self.git.hold().await);
                 self.git.ensure_packs(&self.blobs, &w.packs).await?;
                 let (wt, lease) = match self.checkout_use(w, &node.body).await? {
                     CheckoutUse::Shared => {
