@@ -122,6 +122,38 @@ async fn applied_nodes(stack: &Stack, run: &str) -> anyhow::Result<Vec<String>> 
         .unwrap_or_default())
 }
 
+/// A submission of TWO_STEPS as the run `id` on `repo`: the same bytes each time it is made.
+fn two_steps_body(repo: &Path, id: &str) -> anyhow::Result<Value> {
+    let bundle = shared::graph::load_bundle("two-steps.yaml", TWO_STEPS, |rel| {
+        Err(format!("no file {rel}"))
+    })
+    .map_err(|es| anyhow::anyhow!("{es:?}"))?;
+    Ok(json!({
+        "graph": bundle, "input": {"name": id}, "repo": repo.display().to_string(),
+        "git_ref": "HEAD", "agent": {"backend": "scripted", "script": {}}, "run_id": id,
+    }))
+}
+
+/// `POST /v1/runs`: the answer's code and body.
+async fn post_run(stack: &Stack, body: &Value) -> anyhow::Result<(u16, Value)> {
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/runs", stack.server))
+        .json(body)
+        .send()
+        .await?;
+    let code = r.status().as_u16();
+    Ok((code, r.json().await.unwrap_or(Value::Null)))
+}
+
+/// The value of the metric line that starts with `series` (0 when there is none).
+async fn metric(stack: &Stack, series: &str) -> anyhow::Result<f64> {
+    let text = stack.get_text("/metrics").await?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0))
+}
+
 fn job_folders(work_dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(work_dir.join("jobs"))
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
@@ -425,5 +457,68 @@ async fn finished_runs_leave_redis_after_their_retention_and_read_back_from_the_
     // Read again, it comes back from object storage, finished as it was.
     let again = stack.get(&format!("/v1/runs/{run}")).await?;
     assert_eq!(again["status"], "succeeded", "{again}");
+
+    // A run submitted under a chosen id and pruned the same way: submitted again, it is the
+    // same run, read back from the mirror, not a second one started under its id.
+    let repo = make_calc_repo(stack.dir.path())?;
+    let body = two_steps_body(&repo, "kept-1")?;
+    let (code, answer) = post_run(&stack, &body).await?;
+    assert_eq!(code, 201, "{answer}");
+    let status = stack.wait_run("kept-1", Duration::from_secs(60)).await?;
+    succeeded_with_every_node_once(&status, &["first", "second"]);
+    let key = format!("{}:run:kept-1", stack.ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async::<bool>(&mut conn)
+        .await?
+    {
+        anyhow::ensure!(Instant::now() < deadline, "kept-1 stayed in redis");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, answer) = post_run(&stack, &body).await?;
+    assert_eq!((code, &answer["created"]), (200, &json!(false)), "{answer}");
+    let status = stack.get("/v1/runs/kept-1").await?;
+    succeeded_with_every_node_once(&status, &["first", "second"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_submitted_again_after_redis_went_back_to_an_older_copy_is_the_same_run(
+) -> anyhow::Result<()> {
+    let mut redis = PrivateRedis::start()?;
+    let faults = Faults::new()?;
+    let stack = stack_on_private_redis(&redis, &faults, None).await?;
+    let reconciled = r#"fleet_store_reconciles_total{outcome="marked"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&stack, reconciled).await? < 1.0 {
+        anyhow::ensure!(Instant::now() < deadline, "the store was never reconciled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let older = redis.copy_data()?;
+
+    // On a reconciled store a new id is known to be free without asking object storage.
+    let repo = make_calc_repo(stack.dir.path())?;
+    let body = two_steps_body(&repo, "rolled-1")?;
+    let (code, answer) = post_run(&stack, &body).await?;
+    assert_eq!(code, 201, "{answer}");
+    let store_answered = r#"fleet_mirror_lookups_total{answer="store"}"#;
+    let asked = r#"fleet_mirror_lookups_total{answer="missing"}"#;
+    assert_eq!(metric(&stack, store_answered).await?, 1.0);
+    assert_eq!(metric(&stack, asked).await?, 0.0);
+    let status = stack.wait_run("rolled-1", Duration::from_secs(60)).await?;
+    succeeded_with_every_node_once(&status, &["first", "second"]);
+
+    // Redis goes back to the copy taken before the run existed: the same epoch, the same
+    // reconciled mark, no run. The same submission must find the run in the mirror.
+    redis.restart_from(&older).await?;
+    let (code, answer) = post_run(&stack, &body).await?;
+    assert_eq!((code, &answer["created"]), (200, &json!(false)), "{answer}");
+    let status = stack.get("/v1/runs/rolled-1").await?;
+    succeeded_with_every_node_once(&status, &["first", "second"]);
+    assert_eq!(
+        metric(&stack, r#"fleet_mirror_lookups_total{answer="found"}"#).await?,
+        1.0
+    );
     Ok(())
 }

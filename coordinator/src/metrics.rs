@@ -31,6 +31,12 @@ pub struct CoordinatorMetrics {
     pub mirror_writes: IntCounterVec,
     /// Bytes written to runs' mirrors, by kind.
     pub mirror_bytes: IntCounterVec,
+    /// Ids looked for in the mirror, by who answered: `found` or `missing` (object storage
+    /// was asked), `store` (the reconciled store vouched that the mirror holds no such run).
+    pub mirror_lookups: IntCounterVec,
+    /// Reconciles of the store with the mirror (at start, and after the store was wiped or
+    /// restarted), by outcome: `marked`, `superseded` (the store changed meanwhile).
+    pub reconciles: IntCounterVec,
 }
 
 impl CoordinatorMetrics {
@@ -161,10 +167,28 @@ impl CoordinatorMetrics {
             &["kind"],
         )
         .expect("valid metric");
-        for m in [&mirror_writes, &mirror_bytes] {
+        let mirror_lookups = IntCounterVec::new(
+            Opts::new(
+                "fleet_mirror_lookups_total",
+                "ids looked for in runs' mirrors, by who answered",
+            ),
+            &["answer"],
+        )
+        .expect("valid metric");
+        let reconciles = IntCounterVec::new(
+            Opts::new(
+                "fleet_store_reconciles_total",
+                "reconciles of the run store with the mirror, by outcome",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        for m in [&mirror_writes, &mirror_bytes, &mirror_lookups, &reconciles] {
             registry.register(Box::new(m.clone())).expect("unique");
         }
         Self {
+            mirror_lookups,
+            reconciles,
             mirror_writes,
             mirror_bytes,
             commit_phase,

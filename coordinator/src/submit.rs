@@ -190,7 +190,7 @@ pub async fn submit_as(
     );
     // An existing run (also one restored from object storage) is returned, not restarted, and
     // only when it is this submission's.
-    match coord.load(&run_id).await {
+    match coord.load_existing(&run_id).await {
         Ok(existing) => return same_run(&existing, &submission_hash, team.as_deref()),
         Err(DriverError::UnknownRun(_)) => {}
         Err(e) => return Err(e),

@@ -182,10 +182,36 @@ impl StoredRun {
     }
 }
 
+/// What the store knows of the runs the mirror (object storage) holds and the store does not,
+/// so that asking whether an id is taken costs no request to object storage when the store can
+/// answer. The store vouches for an id only after it was reconciled with the mirror (every run
+/// folder the mirror held noted) under its current identity: its epoch and the server process
+/// holding it, so a store wiped, restarted or restored from an older copy must be reconciled
+/// again. A run the store removes (retention) is noted as the mirror's.
+#[async_trait]
+pub trait MirrorIndex: Send + Sync {
+    /// The store's identity now (its epoch and its server process), `None` before its epoch
+    /// is set. A reconcile starts from it and marks it.
+    async fn index_token(&self) -> Result<Option<String>, PortError>;
+    /// Notes runs the mirror holds (found by a reconcile): their ids stay the mirror's to
+    /// answer for.
+    async fn note_mirror_runs(&self, runs: &[RunId]) -> Result<(), PortError>;
+    /// Marks the store reconciled with the mirror as `token`; false when the store's identity
+    /// is no longer `token` (wiped or restarted meanwhile), and nothing is marked.
+    async fn mark_reconciled(&self, token: &str) -> Result<bool, PortError>;
+    /// Whether the store is reconciled under its current identity.
+    async fn reconciled(&self) -> Result<bool, PortError>;
+    /// Whether a run the store does not hold may still be in the mirror: true unless the
+    /// store is reconciled under its current identity and `run` was never noted or removed.
+    async fn mirror_may_hold(&self, run: &RunId) -> Result<bool, PortError>;
+}
+
 /// Run state with versioned, atomic transitions and an outbox; batches, schedules, API tokens
 /// and the teams' job slots beside them.
 #[async_trait]
-pub trait RunStore: BatchStore + ScheduleStore + TokenStore + JobSlotStore + Send + Sync {
+pub trait RunStore:
+    BatchStore + ScheduleStore + TokenStore + JobSlotStore + MirrorIndex + Send + Sync
+{
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
     /// The run as stored: its last snapshot and the deltas appended after it.
@@ -238,7 +264,8 @@ pub trait RunStore: BatchStore + ScheduleStore + TokenStore + JobSlotStore + Sen
     async fn unwatch(&self, watch: &str) -> Result<(), PortError>;
     /// Up to `max` runs created at or before `before_ms` (unix milliseconds), oldest first.
     async fn created_before(&self, before_ms: i64, max: usize) -> Result<Vec<RunId>, PortError>;
-    /// Forgets a run (its state and its place in the list).
+    /// Forgets a run (its state and its place in the list); its id is noted as the mirror's
+    /// (`MirrorIndex`).
     async fn remove(&self, run: &RunId) -> Result<(), PortError>;
     /// Does the store hold the run?
     async fn exists(&self, run: &RunId) -> Result<bool, PortError>;

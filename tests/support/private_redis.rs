@@ -67,6 +67,29 @@ impl PrivateRedis {
     /// Kills the server without saving (`SHUTDOWN NOSAVE`), deletes its data (append-only
     /// file included) and starts it again empty: everything it held is lost.
     pub async fn lose_everything(&mut self) -> anyhow::Result<()> {
+        self.shutdown_nosave().await?;
+        std::fs::remove_dir_all(self.data_dir())?;
+        self.spawn()
+    }
+
+    /// A copy of the server's data as it is now (its append-only files), to start it from
+    /// again later with `restart_from`.
+    pub fn copy_data(&self) -> anyhow::Result<tempfile::TempDir> {
+        let copy = tempfile::tempdir()?;
+        copy_tree(&self.data_dir(), copy.path())?;
+        Ok(copy)
+    }
+
+    /// Stops the server without saving and starts it again from `copy`: a server restored
+    /// from an older backup, with everything written since lost (its epoch is the copy's).
+    pub async fn restart_from(&mut self, copy: &tempfile::TempDir) -> anyhow::Result<()> {
+        self.shutdown_nosave().await?;
+        std::fs::remove_dir_all(self.data_dir())?;
+        copy_tree(copy.path(), &self.data_dir())?;
+        self.spawn()
+    }
+
+    async fn shutdown_nosave(&mut self) -> anyhow::Result<()> {
         let client = redis::Client::open(self.url())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
         // The server closes the connection instead of answering.
@@ -77,8 +100,7 @@ impl PrivateRedis {
         if let Some(mut c) = self.child.take() {
             c.wait()?;
         }
-        std::fs::remove_dir_all(self.data_dir())?;
-        self.spawn()
+        Ok(())
     }
 
     /// Number of keys the server holds.
@@ -96,4 +118,19 @@ impl Drop for PrivateRedis {
             let _ = c.wait();
         }
     }
+}
+
+/// Copies the files under `from` into `to` (created), folders included.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
 }

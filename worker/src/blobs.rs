@@ -200,6 +200,20 @@ impl Blobs {
         keys.sort();
         Ok(keys)
     }
+
+    /// The names of the folders directly under `prefix`, sorted: one level of the store's
+    /// listing with a delimiter, so a folder of a million keys is one name.
+    pub async fn list_folders(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&ObjPath::from(prefix)))
+            .await?;
+        let mut names: Vec<String> = (listed.common_prefixes.iter())
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
 }
 
 /// The contract of [`Blobs`], written once and run against every backing store: object_store's
@@ -323,6 +337,13 @@ pub mod conformance {
             "keys under the prefix, sorted, relative to the namespace"
         );
         assert_eq!(blobs.list("runs/none").await.unwrap(), Vec::<String>::new());
+        assert_eq!(
+            blobs.list_folders("runs/").await.unwrap(),
+            vec!["r1", "r2"],
+            "the folders directly under the prefix, by name"
+        );
+        assert_eq!(blobs.list_folders("runs/r1").await.unwrap(), vec!["sub"]);
+        assert!(blobs.list_folders("none/").await.unwrap().is_empty());
     }
 
     pub async fn namespaces_do_not_see_each_other(a: &Blobs, b: &Blobs) {

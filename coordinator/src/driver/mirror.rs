@@ -203,13 +203,16 @@ impl Coordinator {
     /// issued again (the restored state and those jobs are created in one atomic write, so
     /// of racing coordinators exactly one restores).
     async fn restore(&self, run: &RunId) -> Result<(), DriverError> {
+        let lookups = &self.metrics.mirror_lookups;
         let snapshot: RunState = match self.blobs.get_json(&mirror_key(run)).await {
             Ok(s) => s,
             Err(e) if BlobError::is_not_found(&e) => {
-                return Err(DriverError::UnknownRun(run.clone()))
+                lookups.with_label_values(&["missing"]).inc();
+                return Err(DriverError::UnknownRun(run.clone()));
             }
             Err(e) => return Err(e.into()),
         };
+        lookups.with_label_values(&["found"]).inc();
         let bundle = self.bundle(&snapshot.graph_ref).await?;
         let mirror = self.replay_deltas(&bundle, snapshot).await?;
         let mut t = engine::apply(
@@ -312,6 +315,9 @@ impl Coordinator {
                     None
                 }
             };
+            if current.is_some() {
+                self.reconcile_if_needed().await;
+            }
             let wiped = matches!((&epoch, &current), (Some(a), Some(b)) if a != b);
             if wiped {
                 warn!("the run store's epoch changed (its data was lost); restoring active runs");

@@ -12,6 +12,7 @@
 mod inbox;
 mod job_slots;
 mod mirror;
+mod mirror_index;
 mod notices;
 mod relay;
 mod retention;

@@ -12,9 +12,11 @@ use shared::ports::{
     StoredRun, TokenStore,
 };
 use shared::schedule::{ScheduleDef, ScheduleState};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+mod mirror_index;
 
 /// How long an owner's lease lasts without a heartbeat (as in Redis).
 const LEASE: Duration = Duration::from_secs(10);
@@ -83,6 +85,10 @@ struct Inner {
     slots: BTreeMap<String, BTreeMap<String, i64>>,
     /// Per team: its line of (slot, outbox message) waiting for a slot.
     lines: BTreeMap<String, VecDeque<(String, String)>>,
+    /// Runs the mirror holds that this store may not (`MirrorIndex`), and the identity it
+    /// was reconciled as (its epoch: the memory store's server is this process).
+    mirror_runs: HashSet<RunId>,
+    reconciled: Option<String>,
 }
 
 impl Inner {
@@ -528,6 +534,7 @@ impl RunStore for MemoryRunStore {
         let mut g = self.lock();
         g.runs.remove(run);
         g.order.retain(|r| r != run);
+        g.mirror_runs.insert(run.clone());
         Ok(())
     }
 

@@ -7,6 +7,7 @@ pub mod conformance;
 pub mod memory;
 pub mod redis;
 mod redis_batches;
+mod redis_mirror_index;
 mod redis_schedules;
 mod redis_slots;
 mod redis_tokens;

@@ -463,10 +463,10 @@ impl RunStore for RedisRunStore {
 
     async fn remove(&self, run: &RunId) -> Result<(), PortError> {
         let (run_key, runs_key) = (self.run_key(run), self.runs_key());
-        let deltas_key = self.deltas_key(run);
+        let (deltas_key, mirror_key) = (self.deltas_key(run), self.mirror_runs_key());
         timed("remove", &self.conn, |mut c| {
             let (run_key, runs_key) = (run_key.clone(), runs_key.clone());
-            let deltas_key = &deltas_key;
+            let (deltas_key, mirror_key) = (&deltas_key, &mirror_key);
             async move {
                 redis::pipe()
                     .atomic()
@@ -475,6 +475,8 @@ impl RunStore for RedisRunStore {
                     .del(deltas_key)
                     .ignore()
                     .zrem(&runs_key, run.as_str())
+                    .ignore()
+                    .sadd(mirror_key, run.as_str())
                     .ignore()
                     .query_async::<()>(&mut c)
                     .await

@@ -23,10 +23,12 @@ use shared::ports::{CasOutcome, OutboxMessage, RunStore};
 use std::time::Duration;
 
 mod batches;
+mod mirror_index;
 mod schedules;
 mod slots;
 mod tokens;
 pub use batches::*;
+pub use mirror_index::*;
 pub use schedules::*;
 pub use slots::*;
 pub use tokens::*;
@@ -502,6 +504,7 @@ macro_rules! run_store_conformance {
             created_before_lists_the_oldest_first,
             list_is_newest_first,
             the_epoch_is_set_once,
+            the_mirror_index_vouches_only_once_reconciled,
             batches_are_created_once_and_written_by_version,
             large_batches_keep_their_items_in_order,
             finished_batches_leave_the_active_set,
