@@ -134,17 +134,6 @@ fn two_steps_body(repo: &Path, id: &str) -> anyhow::Result<Value> {
     }))
 }
 
-/// `POST /v1/runs`: the answer's code and body.
-async fn post_run(stack: &Stack, body: &Value) -> anyhow::Result<(u16, Value)> {
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/runs", stack.server))
-        .json(body)
-        .send()
-        .await?;
-    let code = r.status().as_u16();
-    Ok((code, r.json().await.unwrap_or(Value::Null)))
-}
-
 /// The value of the metric line that starts with `series` (0 when there is none).
 async fn metric(stack: &Stack, series: &str) -> anyhow::Result<f64> {
     let text = stack.get_text("/metrics").await?;
@@ -462,7 +451,7 @@ async fn finished_runs_leave_redis_after_their_retention_and_read_back_from_the_
     // same run, read back from the mirror, not a second one started under its id.
     let repo = make_calc_repo(stack.dir.path())?;
     let body = two_steps_body(&repo, "kept-1")?;
-    let (code, answer) = post_run(&stack, &body).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &body).await?;
     assert_eq!(code, 201, "{answer}");
     let status = stack.wait_run("kept-1", Duration::from_secs(60)).await?;
     succeeded_with_every_node_once(&status, &["first", "second"]);
@@ -476,7 +465,7 @@ async fn finished_runs_leave_redis_after_their_retention_and_read_back_from_the_
         anyhow::ensure!(Instant::now() < deadline, "kept-1 stayed in redis");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (code, answer) = post_run(&stack, &body).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &body).await?;
     assert_eq!((code, &answer["created"]), (200, &json!(false)), "{answer}");
     let status = stack.get("/v1/runs/kept-1").await?;
     succeeded_with_every_node_once(&status, &["first", "second"]);
@@ -500,7 +489,7 @@ async fn a_run_submitted_again_after_redis_went_back_to_an_older_copy_is_the_sam
     // On a reconciled store a new id is known to be free without asking object storage.
     let repo = make_calc_repo(stack.dir.path())?;
     let body = two_steps_body(&repo, "rolled-1")?;
-    let (code, answer) = post_run(&stack, &body).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &body).await?;
     assert_eq!(code, 201, "{answer}");
     let store_answered = r#"fleet_mirror_lookups_total{answer="store"}"#;
     let asked = r#"fleet_mirror_lookups_total{answer="missing"}"#;
@@ -512,7 +501,7 @@ async fn a_run_submitted_again_after_redis_went_back_to_an_older_copy_is_the_sam
     // Redis goes back to the copy taken before the run existed: the same epoch, the same
     // reconciled mark, no run. The same submission must find the run in the mirror.
     redis.restart_from(&older).await?;
-    let (code, answer) = post_run(&stack, &body).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &body).await?;
     assert_eq!((code, &answer["created"]), (200, &json!(false)), "{answer}");
     let status = stack.get("/v1/runs/rolled-1").await?;
     succeeded_with_every_node_once(&status, &["first", "second"]);

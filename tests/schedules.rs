@@ -509,15 +509,6 @@ fn request(name: &str, cron: &str) -> anyhow::Result<Value> {
     }))
 }
 
-async fn post(stack: &Stack, body: &Value) -> anyhow::Result<(u16, Value)> {
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/schedules", stack.server))
-        .json(body)
-        .send()
-        .await?;
-    Ok((r.status().as_u16(), r.json().await.unwrap_or(Value::Null)))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_schedules_are_refused_naming_what_is_wrong() -> anyhow::Result<()> {
     let stack = Stack::start_config(StackConfig {
@@ -664,12 +655,12 @@ async fn bad_schedules_are_refused_naming_what_is_wrong() -> anyhow::Result<()> 
     }
     // Through the API: a graph that names a start node it lacks, a duplicate, a bad body.
     let mut body = request("api", "0 2 * * *")?;
-    assert_eq!(post(&stack, &body).await?.0, 201);
-    let (status, answer) = post(&stack, &body).await?;
+    assert_eq!(stack.post_answer("/v1/schedules", &body).await?.0, 201);
+    let (status, answer) = stack.post_answer("/v1/schedules", &body).await?;
     assert_eq!(status, 409, "{answer}");
     body["name"] = json!("api2");
     body["graph"]["graph"]["start"] = json!("nowhere");
-    let (status, answer) = post(&stack, &body).await?;
+    let (status, answer) = stack.post_answer("/v1/schedules", &body).await?;
     assert_eq!(
         (status, answer["error"].as_str()),
         (400, Some("invalid graph")),
@@ -679,7 +670,9 @@ async fn bad_schedules_are_refused_naming_what_is_wrong() -> anyhow::Result<()> 
         answer["details"].to_string().contains("nowhere"),
         "{answer}"
     );
-    let (status, answer) = post(&stack, &json!({"name": "x"})).await?;
+    let (status, answer) = stack
+        .post_answer("/v1/schedules", &json!({"name": "x"}))
+        .await?;
     assert_eq!(status, 400, "{answer}");
     assert!(answer["error"]
         .as_str()

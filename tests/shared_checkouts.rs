@@ -246,19 +246,19 @@ fn checked_out(checkouts: &Path) -> anyhow::Result<(usize, Vec<String>)> {
     Ok((commits, other))
 }
 
+/// One worker running `concurrency` jobs at once whose disk is always low: its low-water
+/// mark is above any disk's free space.
+async fn low_disk_stack(tag: &str, concurrency: usize) -> anyhow::Result<Stack> {
+    let low = [
+        ("FLEET_STEP_CACHE", "off"),
+        ("FLEET_DISK_LOW_WATER_MB", "1000000000"),
+    ];
+    Stack::start_with(tag, 1, concurrency, &low).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_disk_is_low_removes_idle_shared_checkouts() -> anyhow::Result<()> {
-    // A low-water mark above any disk's free space: every job finds the disk low.
-    let stack = Stack::start_with(
-        "sharedlow",
-        1,
-        1,
-        &[
-            ("FLEET_STEP_CACHE", "off"),
-            ("FLEET_DISK_LOW_WATER_MB", "1000000000"),
-        ],
-    )
-    .await?;
+    let stack = low_disk_stack("sharedlow", 1).await?;
     let worker = stack.worker_ids()[0].clone();
     let one = repo(stack.dir.path(), "one", "one", 3)?;
     let two = repo(stack.dir.path(), "two", "two", 3)?;
@@ -345,16 +345,7 @@ nodes:
 /// commits on it. Once nobody holds it, the next low disk empties it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_holding_the_mirror_keeps_it_when_the_disk_is_low() -> anyhow::Result<()> {
-    let stack = Stack::start_with(
-        "sharedheld",
-        1,
-        2,
-        &[
-            ("FLEET_STEP_CACHE", "off"),
-            ("FLEET_DISK_LOW_WATER_MB", "1000000000"),
-        ],
-    )
-    .await?;
+    let stack = low_disk_stack("sharedheld", 2).await?;
     let worker = stack.worker_ids()[0].clone();
     let emptied = || {
         stack.worker_metric(

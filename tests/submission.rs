@@ -46,17 +46,6 @@ fn cli_submit(
     ])
 }
 
-/// POSTs a submission; returns the status and the JSON answer.
-async fn post(stack: &Stack, body: &Value) -> anyhow::Result<(u16, Value)> {
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/runs", stack.server))
-        .json(body)
-        .send()
-        .await?;
-    let status = r.status().as_u16();
-    Ok((status, r.json().await.unwrap_or(Value::Null)))
-}
-
 async fn get_status(stack: &Stack, path: &str) -> anyhow::Result<(u16, String)> {
     let r = reqwest::get(format!("{}{path}", stack.server)).await?;
     Ok((r.status().as_u16(), r.text().await?))
@@ -138,7 +127,7 @@ async fn the_run_id_follows_the_contents_and_a_claimed_id_is_not_answered_with_a
     let edited_bundle = bundle(&graph)?;
     let mut claim = factory_body(&edited_bundle, &repo, "script-pass.json")?;
     claim["run_id"] = json!(run_a);
-    let (code, answer) = post(&stack, &claim).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &claim).await?;
     assert_eq!(code, 409, "{answer}");
     let msg = answer["error"].as_str().unwrap_or_default();
     assert!(
@@ -147,7 +136,7 @@ async fn the_run_id_follows_the_contents_and_a_claimed_id_is_not_answered_with_a
     );
     let mut same = factory_body(&edited_bundle, &repo, "script-pass.json")?;
     same["run_id"] = json!(run_b);
-    let (code, answer) = post(&stack, &same).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &same).await?;
     assert_eq!(code, 200, "{answer}");
     assert_eq!(answer["run_id"], json!(run_b), "{answer}");
     assert_eq!(answer["created"], json!(false), "{answer}");
@@ -155,14 +144,14 @@ async fn the_run_id_follows_the_contents_and_a_claimed_id_is_not_answered_with_a
     // A chosen id: created once, returned for the same contents, refused for others.
     let mut chosen = factory_body(&edited_bundle, &repo, "script-pass.json")?;
     chosen["run_id"] = json!("my-run-1");
-    let (code, answer) = post(&stack, &chosen).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &chosen).await?;
     assert_eq!(code, 201, "{answer}");
     assert_eq!(answer["run_id"], "my-run-1");
-    let (code, answer) = post(&stack, &chosen).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &chosen).await?;
     assert_eq!((code, &answer["created"]), (200, &json!(false)), "{answer}");
     let mut other = factory_body(&edited_bundle, &repo, "script-always-fail.json")?;
     other["run_id"] = json!("my-run-1");
-    let (code, answer) = post(&stack, &other).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &other).await?;
     assert_eq!(code, 409, "{answer}");
     // The stored run is still the first one's.
     let stored = stack.get("/v1/runs/my-run-1").await?;
@@ -171,7 +160,7 @@ async fn the_run_id_follows_the_contents_and_a_claimed_id_is_not_answered_with_a
     // An id that could not name a run is refused.
     let mut bad = factory_body(&edited_bundle, &repo, "script-pass.json")?;
     bad["run_id"] = json!("../x");
-    let (code, answer) = post(&stack, &bad).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &bad).await?;
     assert_eq!(code, 400, "{answer}");
     Ok(())
 }
@@ -295,7 +284,7 @@ async fn a_template_that_doubles_a_string_is_refused_or_fails_cleanly_and_others
     let doubling = "{% set ns = namespace(s='x') %}{% for i in range(60) %}\
                     {% set ns.s = ns.s ~ ns.s %}{% endfor %}echo {{ ns.s }}";
     let t = Instant::now();
-    let (code, answer) = post(&stack, &body(doubling)).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &body(doubling)).await?;
     assert_eq!(code, 400, "{answer}");
     assert!(
         answer.to_string().contains("namespace() is not available"),
@@ -306,7 +295,7 @@ async fn a_template_that_doubles_a_string_is_refused_or_fails_cleanly_and_others
         "{{% set s = 'x' %}}{}echo {{{{ s|length }}}}",
         "{% set s = s ~ s %}".repeat(60)
     );
-    let (code, answer) = post(&stack, &body(&straight)).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &body(&straight)).await?;
     assert_eq!(code, 400, "{answer}");
     assert!(
         answer.to_string().contains("the run cannot start")
@@ -316,7 +305,7 @@ async fn a_template_that_doubles_a_string_is_refused_or_fails_cleanly_and_others
     // Nested ranges run out of fuel.
     let nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}\
                   {% endfor %}echo done";
-    let (code, answer) = post(&stack, &body(nested)).await?;
+    let (code, answer) = stack.post_answer("/v1/runs", &body(nested)).await?;
     assert_eq!(code, 400, "{answer}");
     assert!(answer.to_string().contains("ran out of fuel"), "{answer}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());

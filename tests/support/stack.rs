@@ -580,6 +580,16 @@ impl Stack {
         Ok(v)
     }
 
+    /// `POST path` of `body` as JSON: the answer's status and JSON body, whatever the status.
+    pub async fn post_answer(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let r = (self.http.post(format!("{}{path}", self.server)))
+            .json(body)
+            .send()
+            .await?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
     /// `GET path`'s status and JSON body, whatever the status.
     pub async fn get_answer(&self, path: &str) -> anyhow::Result<(u16, Value)> {
         let r = self.send_get(path).await?;
