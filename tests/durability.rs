@@ -425,6 +425,23 @@ async fn finished_runs_leave_redis_after_their_retention_and_read_back_from_the_
     let run = submit(&stack, TWO_STEPS, "retained")?;
     let status = stack.wait_run(&run, Duration::from_secs(60)).await?;
     assert_eq!(status["status"], "succeeded", "{status}");
+    // Its commits were mirrored as deltas after its first snapshot; once it ended, the final
+    // snapshot holds them and they are removed.
+    let deltas_written = r#"fleet_mirror_writes_total{kind="delta"}"#;
+    assert!(metric(&stack, deltas_written).await? >= 1.0);
+    let mirror = s3_blobs(&stack.ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !mirror
+        .list(&format!("runs/{run}/deltas/"))
+        .await?
+        .is_empty()
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the finished run's deltas stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let client = redis::Client::open(fleet_tests::stack::REDIS_URL)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let key = format!("{}:run:{run}", stack.ns);

@@ -64,6 +64,9 @@ pub(super) struct MirrorMark {
     commit: String,
     snapshot_bytes: usize,
     delta_bytes: usize,
+    /// `Some(wrote_deltas)` when this coordinator made every write of the run's mirror since
+    /// its creation (none by another coordinator, no restore), `None` when it cannot tell.
+    history: Option<bool>,
 }
 
 /// The deltas that follow `from`, in order: each one's `prev` is the one before's `id`. A delta
@@ -97,12 +100,13 @@ impl Coordinator {
         state: &RunState,
         delta: &str,
     ) -> Result<(), DriverError> {
-        let mark = self.mark_of(&state.run_id);
+        let mark = self.mark_of(&state.run_id).filter(|m| m.commit == prev);
+        let history = mark.as_ref().and_then(|m| m.history);
         let linked = mark
             .as_ref()
-            .is_some_and(|m| m.commit == prev && m.delta_bytes < m.snapshot_bytes);
+            .is_some_and(|m| m.delta_bytes < m.snapshot_bytes);
         if !linked || state.status.is_terminal() {
-            return self.snapshot(state).await;
+            return self.write_snapshot(state, history).await;
         }
         let bytes = delta.as_bytes().to_vec();
         let size = bytes.len();
@@ -113,12 +117,29 @@ impl Coordinator {
         let mut mark = mark.unwrap_or_default();
         mark.commit = state.commit.clone();
         mark.delta_bytes += size;
+        mark.history = history.map(|_| true);
         self.set_mark(&state.run_id, mark);
         Ok(())
     }
 
     /// Writes the whole state as the run's snapshot; a finished run's deltas are removed.
     pub(super) async fn snapshot(&self, state: &RunState) -> Result<(), DriverError> {
+        self.write_snapshot(state, None).await
+    }
+
+    /// The snapshot a run's creation writes: the start of a history this coordinator knows.
+    pub(super) async fn first_snapshot(&self, state: &RunState) -> Result<(), DriverError> {
+        self.write_snapshot(state, Some(false)).await
+    }
+
+    /// Writes the snapshot; `history` is what this coordinator knows of the writes before it
+    /// (`MirrorMark::history`). A finished run's deltas are removed unless it knows there are
+    /// none (a listing less on the object store for every run that ends).
+    async fn write_snapshot(
+        &self,
+        state: &RunState,
+        history: Option<bool>,
+    ) -> Result<(), DriverError> {
         let bytes = serde_json::to_vec(state).expect("serializable state");
         let size = bytes.len();
         self.blobs.put(&mirror_key(&state.run_id), bytes).await?;
@@ -129,17 +150,21 @@ impl Coordinator {
                 commit: state.commit.clone(),
                 snapshot_bytes: size,
                 delta_bytes: 0,
+                history,
             },
         );
         if state.status.is_terminal() && state.pending_jobs().next().is_none() {
             // Housekeeping, off the commit's path (the snapshot is what makes the end
             // durable): what it leaves behind is harmless.
             let (blobs, run) = (self.blobs.clone(), state.run_id.clone());
+            let deltas_may_exist = history != Some(false);
             tokio::spawn(async move {
                 if let Err(e) = blobs.delete(&active_key(&run)).await {
                     warn!(run = %run, error = %e, "could not unlist a finished run; the sweep will look at it again");
                 }
-                drop_deltas(&blobs, &run).await;
+                if deltas_may_exist {
+                    drop_deltas(&blobs, &run).await;
+                }
             });
         }
         Ok(())

@@ -263,7 +263,7 @@ impl Coordinator {
         let created = self.store.create(&t.state, &outbox).await?;
         if created {
             // The submitter hears of the run only once its mirror is written.
-            tokio::try_join!(self.snapshot(&t.state), self.mark_active(&t.state))?;
+            tokio::try_join!(self.first_snapshot(&t.state), self.mark_active(&t.state))?;
             self.after_commit(&t.state, &t.effects);
             self.watch(&t.state.run_id, &t.effects).await;
             self.outbox_ready.notify_one();
