@@ -528,3 +528,86 @@ async fn a_run_submitted_again_after_redis_went_back_to_an_older_copy_is_the_sam
     );
     Ok(())
 }
+
+const ONE_STEP: &str = r#"
+name: one-step
+start: only
+defaults: {image: "fleet-agent-py:1", timeout_seconds: 60}
+nodes:
+  only:
+    kind: command
+    commands: ["true"]
+    worktree: {from: base, mode: ro}
+    routes: [{to: done}]
+  done: {kind: exit, status: only.ok}
+"#;
+
+/// A new run's job goes out before the creation's mirror writes; if its result came back and
+/// were committed and mirrored meanwhile, the creation's older snapshot would land over the
+/// final one, and a restore would run the finished run again. The creation stops before its
+/// writes; the test lets it go once the run finished in Redis (it cannot while the creation
+/// holds the run; reads of it wait meanwhile) or after a bound, and the mirror must end with
+/// the finished state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_back_before_its_runs_first_mirror_write_is_mirrored_after_it(
+) -> anyhow::Result<()> {
+    let faults = Faults::new()?;
+    let fault_dir = faults.dir();
+    let point = "coordinator.before_first_mirror";
+    let stack = Stack::start_config(StackConfig {
+        tag: "firstmirror",
+        workers: 1,
+        coordinator_env: &[
+            ("FLEET_FAULT_PAUSE", point),
+            ("FLEET_FAULT_DIR", fault_dir.as_str()),
+        ],
+        ..StackConfig::default()
+    })
+    .await?;
+    let repo = make_calc_repo(stack.dir.path())?;
+    let bundle = shared::graph::load_bundle("one-step.yaml", ONE_STEP, |rel| {
+        Err(format!("no file {rel}"))
+    })
+    .map_err(|es| anyhow::anyhow!("{es:?}"))?;
+    let body = json!({
+        "graph": bundle, "input": {}, "repo": repo.display().to_string(), "git_ref": "HEAD",
+        "agent": {"backend": "scripted", "script": {}}, "run_id": "early-1",
+    });
+    let url = format!("{}/v1/runs", stack.server);
+    let posted = tokio::spawn(async move {
+        let r = reqwest::Client::new().post(url).json(&body).send().await?;
+        anyhow::Ok(r.status().as_u16())
+    });
+    faults.reached(point, Duration::from_secs(60)).await?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        // A read of the run waits while the creation holds it: bounded, it tells nothing.
+        let read = stack.get_answer("/v1/runs/early-1");
+        if let Ok(answer) = tokio::time::timeout(Duration::from_secs(1), read).await {
+            if answer?.1["status"] == "succeeded" {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    faults.resume(point)?;
+    assert_eq!(posted.await??, 201);
+    let status = stack.wait_run("early-1", Duration::from_secs(60)).await?;
+    succeeded_with_every_node_once(&status, &["only"]);
+
+    let mirror = s3_blobs(&stack.ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mirrored: Value = mirror.get_json("runs/early-1/state.json").await?;
+        if mirrored["status"] == "succeeded" {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the mirror kept an older state of the finished run: {}",
+            mirrored["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}

@@ -6,7 +6,7 @@
 //!
 //! Points (each named where it is passed): `worker.before_container`, `worker.mid_run`,
 //! `worker.after_store`, `worker.after_ack`, `coordinator.after_commit`,
-//! `coordinator.after_claim`, `coordinator.after_publish`.
+//! `coordinator.after_claim`, `coordinator.after_publish`, `coordinator.before_first_mirror`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -247,6 +247,10 @@ impl Coordinator {
         state: RunState,
         bundle: &GraphBundle,
     ) -> Result<bool, DriverError> {
+        // Held until the creation's mirror is written: its jobs may finish before that, and
+        // their results are committed (and mirrored) only after it.
+        let lock = self.run_lock(&state.run_id);
+        let _guard = lock.lock().await;
         let mut t = engine::apply(
             bundle,
             &state,
@@ -262,11 +266,17 @@ impl Coordinator {
         t.state.commit = mirror::commit_id();
         let created = self.store.create(&t.state, &outbox).await?;
         if created {
-            // The submitter hears of the run only once its mirror is written.
-            tokio::try_join!(self.first_snapshot(&t.state), self.mark_active(&t.state))?;
-            self.after_commit(&t.state, &t.effects);
-            self.watch(&t.state.run_id, &t.effects).await;
+            // The jobs go out while the mirror is written; the submitter hears of the run only
+            // once it is.
             self.outbox_ready.notify_one();
+            worker::faults::point("coordinator.before_first_mirror").await;
+            let watch = async {
+                self.watch(&t.state.run_id, &t.effects).await;
+                Ok(())
+            };
+            let (first, active) = (self.first_snapshot(&t.state), self.mark_active(&t.state));
+            tokio::try_join!(first, active, watch)?;
+            self.after_commit(&t.state, &t.effects);
             self.metrics.runs_created.inc();
         }
         Ok(created)
