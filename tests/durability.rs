@@ -122,12 +122,12 @@ async fn applied_nodes(stack: &Stack, run: &str) -> anyhow::Result<Vec<String>> 
         .unwrap_or_default())
 }
 
-/// A submission of TWO_STEPS as the run `id` on `repo`: the same bytes each time it is made.
-fn two_steps_body(repo: &Path, id: &str) -> anyhow::Result<Value> {
-    let bundle = shared::graph::load_bundle("two-steps.yaml", TWO_STEPS, |rel| {
-        Err(format!("no file {rel}"))
-    })
-    .map_err(|es| anyhow::anyhow!("{es:?}"))?;
+/// A submission of the graph `yaml` as the run `id` on `repo`: the same bytes each time it is
+/// made.
+fn run_body(yaml: &str, repo: &Path, id: &str) -> anyhow::Result<Value> {
+    let bundle =
+        shared::graph::load_bundle("graph.yaml", yaml, |rel| Err(format!("no file {rel}")))
+            .map_err(|es| anyhow::anyhow!("{es:?}"))?;
     Ok(json!({
         "graph": bundle, "input": {"name": id}, "repo": repo.display().to_string(),
         "git_ref": "HEAD", "agent": {"backend": "scripted", "script": {}}, "run_id": id,
@@ -467,7 +467,7 @@ async fn finished_runs_leave_redis_after_their_retention_and_read_back_from_the_
     // A run submitted under a chosen id and pruned the same way: submitted again, it is the
     // same run, read back from the mirror, not a second one started under its id.
     let repo = make_calc_repo(stack.dir.path())?;
-    let body = two_steps_body(&repo, "kept-1")?;
+    let body = run_body(TWO_STEPS, &repo, "kept-1")?;
     let (code, answer) = stack.post_answer("/v1/runs", &body).await?;
     assert_eq!(code, 201, "{answer}");
     let status = stack.wait_run("kept-1", Duration::from_secs(60)).await?;
@@ -505,7 +505,7 @@ async fn a_run_submitted_again_after_redis_went_back_to_an_older_copy_is_the_sam
 
     // On a reconciled store a new id is known to be free without asking object storage.
     let repo = make_calc_repo(stack.dir.path())?;
-    let body = two_steps_body(&repo, "rolled-1")?;
+    let body = run_body(TWO_STEPS, &repo, "rolled-1")?;
     let (code, answer) = stack.post_answer("/v1/runs", &body).await?;
     assert_eq!(code, 201, "{answer}");
     let store_answered = r#"fleet_mirror_lookups_total{answer="store"}"#;
@@ -565,14 +565,7 @@ async fn a_result_back_before_its_runs_first_mirror_write_is_mirrored_after_it(
     })
     .await?;
     let repo = make_calc_repo(stack.dir.path())?;
-    let bundle = shared::graph::load_bundle("one-step.yaml", ONE_STEP, |rel| {
-        Err(format!("no file {rel}"))
-    })
-    .map_err(|es| anyhow::anyhow!("{es:?}"))?;
-    let body = json!({
-        "graph": bundle, "input": {}, "repo": repo.display().to_string(), "git_ref": "HEAD",
-        "agent": {"backend": "scripted", "script": {}}, "run_id": "early-1",
-    });
+    let body = run_body(ONE_STEP, &repo, "early-1")?;
     let url = format!("{}/v1/runs", stack.server);
     let posted = tokio::spawn(async move {
         let r = reqwest::Client::new().post(url).json(&body).send().await?;
