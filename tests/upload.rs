@@ -239,6 +239,94 @@ async fn a_submission_carries_its_repository_and_the_same_one_uploads_nothing_ag
     Ok(())
 }
 
+/// A coordinator remembers the upload records it read or wrote (a submission's check costs no
+/// request to the object store), yet a commit uploaded again in another pack through another
+/// coordinator is taken by the first: the remembered record names another pack, so the store's
+/// is read. (Refusing on the remembered record would refuse a pack the team did upload.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_uploaded_again_through_another_coordinator_is_taken_by_the_first(
+) -> anyhow::Result<()> {
+    let mut stack = Stack::start_config(StackConfig {
+        tag: "upload-again",
+        workers: 1,
+        ..StackConfig::default()
+    })
+    .await?;
+    let other = stack.start_serving_coordinator().await?;
+    let http = reqwest::Client::new();
+    let client_dir = tempfile::tempdir()?;
+    let repo = git_repo(
+        client_dir.path(),
+        "client-repo",
+        &[("notes.txt", "only on the client\n")],
+    )?;
+    let commit = git(&repo, &["rev-parse", "HEAD"])?;
+    let upload = |server: String, pack: Vec<u8>| {
+        let (http, commit) = (http.clone(), commit.clone());
+        async move {
+            let resp = http
+                .post(format!("{server}/v1/uploads?commit={commit}"))
+                .body(pack)
+                .send()
+                .await?;
+            anyhow::ensure!(resp.status().is_success(), "{}", resp.text().await?);
+            let answer: Value = resp.json().await?;
+            Ok::<String, anyhow::Error>(answer["pack"].as_str().unwrap_or_default().into())
+        }
+    };
+    // The commit alone, through the first coordinator, which then answers for it.
+    let first = upload(
+        stack.server.clone(),
+        worker::git::pack_commit(&repo, &commit)?.pack,
+    )
+    .await?;
+    let known: Value = http
+        .get(format!("{}/v1/uploads/commits/{commit}", stack.server))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(known["pack"], first.as_str(), "{known}");
+    // The same commit in a larger pack (a later commit's history holds it), through the other.
+    git(&repo, &["checkout", "-q", "-b", "later"])?;
+    std::fs::write(repo.join("later.txt"), "later\n")?;
+    git(&repo, &["add", "."])?;
+    git(&repo, &["commit", "-q", "-m", "later"])?;
+    let later = git(&repo, &["rev-parse", "HEAD"])?;
+    let second = upload(other, worker::git::pack_commit(&repo, &later)?.pack).await?;
+    assert_ne!(second, first, "the second pack must differ from the first");
+
+    // The first coordinator takes a run from the second pack.
+    let bundle = shared::graph::load_bundle("graph.yaml", GRAPH, |p| Err(format!("no file {p}")))
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let resp = http
+        .post(format!("{}/v1/runs", stack.server))
+        .json(&json!({"graph": bundle, "input": {},
+            "upload": {"pack": second, "commit": commit}}))
+        .send()
+        .await?;
+    let (status, body) = (resp.status().as_u16(), resp.text().await?);
+    assert_eq!(status, 201, "{body}");
+    let run: Value = serde_json::from_str(&body)?;
+    let run = run["run_id"].as_str().unwrap_or_default().to_string();
+    let done = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    assert_eq!(done["status"], "succeeded", "{done}");
+
+    // Each answer was timed under its route's template, method and status class.
+    let text = stack.get_text("/metrics").await?;
+    let answered = |route: &str, method: &str| {
+        sum_samples(
+            &text,
+            "fleet_api_request_seconds_count",
+            &[("route", route), ("method", method), ("status", "2xx")],
+        )
+    };
+    assert_eq!(answered("/v1/runs", "post"), 1.0, "{text}");
+    assert_eq!(answered("/v1/uploads", "post"), 1.0, "{text}");
+    assert_eq!(answered("/v1/uploads/commits/:commit", "get"), 1.0);
+    Ok(())
+}
+
 /// The server's check of a pack, on packs made the way `fleet submit` makes them.
 #[test]
 fn a_pack_is_taken_only_with_its_commit_its_history_and_files_within_bounds() -> anyhow::Result<()>

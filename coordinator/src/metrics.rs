@@ -37,6 +37,9 @@ pub struct CoordinatorMetrics {
     /// Reconciles of the store with the mirror (at start, and after the store was wiped or
     /// restarted), by outcome: `marked`, `superseded` (the store changed meanwhile).
     pub reconciles: IntCounterVec,
+    /// Seconds the API took to answer, by route (its template, e.g. `/v1/runs/:id`), method
+    /// and status class (`2xx`, `4xx`, `5xx`), the token guard included.
+    pub api_seconds: HistogramVec,
 }
 
 impl CoordinatorMetrics {
@@ -186,7 +189,22 @@ impl CoordinatorMetrics {
         for m in [&mirror_writes, &mirror_bytes, &mirror_lookups, &reconciles] {
             registry.register(Box::new(m.clone())).expect("unique");
         }
+        let api_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "fleet_api_request_seconds",
+                "seconds the API took to answer, by route, method and status class",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0,
+            ]),
+            &["route", "method", "status"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(api_seconds.clone()))
+            .expect("unique");
         Self {
+            api_seconds,
             mirror_lookups,
             reconciles,
             mirror_writes,

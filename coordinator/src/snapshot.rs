@@ -70,9 +70,8 @@ pub(crate) async fn of_upload(
     if !shared::http::is_commit_id(&upload.commit) || !shared::http::is_sha256_hex(&upload.pack) {
         return Err(not_uploaded().into());
     }
-    let known = crate::uploads::find(coord, team, &upload.commit)
+    let known = crate::uploads::find_pack(coord, team, &upload.commit, &upload.pack)
         .await?
-        .filter(|u| u.pack == upload.pack)
         .ok_or_else(not_uploaded)?;
     Ok(Snapshot {
         commit: known.commit,

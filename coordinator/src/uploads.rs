@@ -34,7 +34,9 @@ fn record_key(team: Option<&str>, commit: &str) -> String {
     format!("uploads/{}/commits/{commit}.json", team.unwrap_or("~open"))
 }
 
-/// The team's record of `commit`, when the team uploaded it.
+/// The team's record of `commit`, when the team uploaded it: as this coordinator last read
+/// or wrote it, else read from the store. Only records found are remembered (an upload through
+/// another coordinator is seen at once).
 pub(crate) async fn find(
     c: &Coordinator,
     team: Option<&str>,
@@ -43,12 +45,41 @@ pub(crate) async fn find(
     if !http::is_commit_id(commit) {
         return Ok(None);
     }
-    match c
-        .blobs
-        .get_json::<Uploaded>(&record_key(team, commit))
-        .await
-    {
-        Ok(u) => Ok(Some(u)),
+    match c.known_upload(&record_key(team, commit)) {
+        Some(known) => Ok(Some(known)),
+        None => read(c, team, commit).await,
+    }
+}
+
+/// The team's record of `commit` with the pack `pack`: the one remembered when it names that
+/// pack, else the store's (another coordinator may have recorded this pack since).
+pub(crate) async fn find_pack(
+    c: &Coordinator,
+    team: Option<&str>,
+    commit: &str,
+    pack: &str,
+) -> Result<Option<Uploaded>, DriverError> {
+    if !http::is_commit_id(commit) {
+        return Ok(None);
+    }
+    match c.known_upload(&record_key(team, commit)) {
+        Some(known) if known.pack == pack => Ok(Some(known)),
+        _ => Ok(read(c, team, commit).await?.filter(|u| u.pack == pack)),
+    }
+}
+
+/// The store's record, remembered when there is one.
+async fn read(
+    c: &Coordinator,
+    team: Option<&str>,
+    commit: &str,
+) -> Result<Option<Uploaded>, DriverError> {
+    let key = record_key(team, commit);
+    match c.blobs.get_json::<Uploaded>(&key).await {
+        Ok(u) => {
+            c.remember_upload(&key, &u);
+            Ok(Some(u))
+        }
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e.into()),
     }
@@ -145,10 +176,12 @@ pub(crate) async fn upload_pack(
         bytes: size,
         stored,
     };
+    let key = record_key(p.team.as_deref(), &answer.commit);
     c.blobs
-        .put_json(&record_key(p.team.as_deref(), &answer.commit), &answer)
+        .put_json(&key, &answer)
         .await
         .map_err(DriverError::from)?;
+    c.remember_upload(&key, &answer);
     info!(team = p.team.as_deref().unwrap_or("-"), commit = %answer.commit,
         pack = %answer.pack, bytes = size, outcome, "pack uploaded");
     let status = if stored {

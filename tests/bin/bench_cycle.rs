@@ -200,13 +200,27 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let (mut wall, mut overhead, mut container) = (Vec::new(), Vec::new(), Vec::new());
+    // Where the overhead goes, from the clocks of this machine: the `fleet submit` process,
+    // its start to the job's start on a worker, the worker's time outside the container, and
+    // the job's end to its result seen here.
+    let (mut cli, mut to_start, mut worker_rest, mut to_seen) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0)
+    };
     for i in 0..jobs {
         let t = Instant::now();
+        let t0 = now();
         let run = submit(i, "seq")?;
+        cli.push(t.elapsed().as_secs_f64());
         let st = stack
             .wait_run_every(&run, Duration::from_secs(60), Duration::from_millis(5))
             .await?;
         let w = t.elapsed().as_secs_f64();
+        let seen = now();
         anyhow::ensure!(st["status"] == "succeeded", "{st}");
         let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
         let started = chrono_secs(logs[0]["started_at"].as_str().unwrap_or_default());
@@ -217,6 +231,9 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         wall.push(w);
         container.push(c);
         overhead.push(w - c);
+        to_start.push(started - t0);
+        worker_rest.push(finished - started - c);
+        to_seen.push(seen - finished);
     }
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64 * 1e3;
     let means = (mean(&wall), mean(&container), mean(&overhead));
@@ -237,6 +254,18 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         "{}",
         stats("fleet overhead = wall − container", &mut overhead)
     );
+    println!("\nwhere the overhead goes (from this machine's clocks, to the millisecond):\n");
+    println!("| part | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
+    println!("{}", stats("the `fleet submit` process", &mut cli));
+    println!(
+        "{}",
+        stats("submit → the job's start on a worker", &mut to_start)
+    );
+    println!(
+        "{}",
+        stats("the worker outside the container", &mut worker_rest)
+    );
+    println!("{}", stats("the job's end → its result seen", &mut to_seen));
     if warm > 0 {
         let (mut handed, mut cold) = (0.0, 0.0);
         for w in stack.worker_ids() {
@@ -264,6 +293,8 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         "{}\n",
         serde_json::json!({"bench": "per_job", "warm": warm, "n": jobs, "wall_ms": means.0,
             "container_ms": means.1, "overhead_ms": means.2,
+            "parts_ms": {"submit_process": mean(&cli), "to_job_start": mean(&to_start),
+                "worker_outside_container": mean(&worker_rest), "end_to_seen": mean(&to_seen)},
             "parallel_jobs_per_second": jobs as f64 / total})
     );
     Ok(())

@@ -457,6 +457,16 @@ impl Stack {
         Ok(())
     }
 
+    /// As `start_extra_coordinator`, once it answers; its address.
+    pub async fn start_serving_coordinator(&mut self) -> anyhow::Result<String> {
+        let n = self.extra_coordinators.len() + 2;
+        let log = self.log_dir.join(format!("coordinator-{n}.log"));
+        let http = reqwest::Client::new();
+        let (proc, server) = launch_coordinator(&http, &self.coordinator_env(), &log).await?;
+        self.extra_coordinators.push(proc);
+        Ok(server)
+    }
+
     /// Submits the factory example whose SE agent waits `delay` seconds before answering (a job
     /// that runs long enough to be killed, paused or cancelled); returns the run id.
     pub fn submit_slow_factory(&self, delay: f64) -> anyhow::Result<String> {

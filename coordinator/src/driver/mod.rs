@@ -110,6 +110,8 @@ pub struct Coordinator {
     /// (repository, commit) → (pack key, tree hash) of repositories this coordinator packed
     /// and stored: a batch's runs of one repository pack it once. A bound, not an LRU.
     snapshots: Mutex<HashMap<(String, String), (String, String)>>,
+    /// Upload records (by their key: team and commit) read or written here (`known_upload`).
+    uploads: Mutex<HashMap<String, shared::http::Uploaded>>,
     /// Rung when a run finishes here, so the batch driver settles it and starts the next
     /// item at once rather than at its next tick.
     pub batch_wake: Notify,
@@ -184,6 +186,7 @@ impl Coordinator {
             batch_wake: Notify::new(),
             stored: Mutex::new(std::collections::HashSet::new()),
             snapshots: Mutex::new(HashMap::new()),
+            uploads: Mutex::new(HashMap::new()),
             webhook_secret: std::env::var("FLEET_WEBHOOK_SECRET")
                 .ok()
                 .filter(|s| !s.is_empty()),

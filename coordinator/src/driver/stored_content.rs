@@ -1,5 +1,6 @@
-//! What a coordinator remembers having stored: content-addressed blobs and repository
-//! snapshots, so a second submission of the same bytes costs no request to the object store.
+//! What a coordinator remembers having stored: content-addressed blobs, repository
+//! snapshots and teams' upload records, so a second submission of the same bytes costs no
+//! request to the object store.
 
 use super::{Coordinator, DriverError};
 
@@ -7,6 +8,8 @@ use super::{Coordinator, DriverError};
 const SNAPSHOTS_MAX: usize = 64;
 /// Content keys remembered as stored (`Coordinator::put_content_once`).
 const STORED_KEYS_MAX: usize = 4096;
+/// Upload records remembered (`Coordinator::known_upload`).
+const UPLOADS_MAX: usize = 4096;
 
 impl Coordinator {
     /// Stores `bytes` under the content-addressed `key` unless this coordinator knows it is
@@ -42,5 +45,22 @@ impl Coordinator {
             snapshots.clear();
         }
         snapshots.insert((repo.to_string(), commit.to_string()), known);
+    }
+
+    /// The upload record stored under `key` as this coordinator last read or wrote it. A
+    /// record is a checked fact (that pack holds that commit, with that tree hash) that stays
+    /// true; another coordinator may have recorded a newer pack for the commit since, so a
+    /// caller that needs one pack in particular reads the store when this one differs.
+    pub fn known_upload(&self, key: &str) -> Option<shared::http::Uploaded> {
+        self.uploads.lock().expect("uploads").get(key).cloned()
+    }
+
+    /// Notes the upload record stored under `key`.
+    pub fn remember_upload(&self, key: &str, record: &shared::http::Uploaded) {
+        let mut uploads = self.uploads.lock().expect("uploads");
+        if uploads.len() >= UPLOADS_MAX {
+            uploads.clear();
+        }
+        uploads.insert(key.to_string(), record.clone());
     }
 }
