@@ -136,9 +136,16 @@ def render(by_tag, command, cores, celery, s3):
         over = warm["overhead_ms"]
         bound = ""
         if over > 10:
-            exec_ms = cyc["warm_phases_ms"]["exec"] if cyc else float("nan")
-            bound = (f"a Docker exec of the step alone is {exec_ms:.1f} ms; the rest is the "
-                     f"`fleet submit` process (graph load, repo pack, upload) and the mirror's writes")
+            parts = warm.get("parts_ms")
+            if parts:
+                bound = (f"submit → the job's start {parts['to_job_start']:.1f} ms (the `fleet submit` "
+                         f"process, its API calls, the run's creation), the worker outside the "
+                         f"container {parts['worker_outside_container']:.1f} ms, the job's end → its "
+                         f"result seen {parts['end_to_seen']:.1f} ms (result files, Redis commit, "
+                         f"final snapshot), all on 2 cores beside the pool's Docker work")
+            else:
+                bound = ("the `fleet submit` process (graph load, repo pack, upload) and the "
+                         "mirror's writes")
         anchor = f"the container's own life {warm['container_ms']:.0f} ms"
         measured = f"{over:.1f} ms with the warm pool (wall {warm['wall_ms']:.0f} ms)"
         if cold:
