@@ -66,6 +66,30 @@ impl Artifacts<'_> {
         Ok(key)
     }
 
+    /// Writes every `(name, bytes)` at once (each is one request to the store); their keys,
+    /// in order. None is recorded unless all were written.
+    pub async fn put_all(
+        &mut self,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<Vec<String>, crate::blobs::BlobError> {
+        let blobs = self.blobs;
+        let mut named = Vec::with_capacity(files.len());
+        let mut puts = Vec::with_capacity(files.len());
+        for (name, bytes) in files {
+            let key = format!("{}{name}", self.prefix);
+            named.push((name, key.clone()));
+            puts.push(async move { blobs.put(&key, bytes).await });
+        }
+        futures::future::try_join_all(puts).await?;
+        Ok(named
+            .into_iter()
+            .map(|(name, key)| {
+                self.written.insert(name, key.clone());
+                key
+            })
+            .collect())
+    }
+
     pub async fn put_json(
         &mut self,
         name: &str,
@@ -268,12 +292,18 @@ pub(crate) async fn run_logged(
     if out.timed_out {
         stderr.push_str(&format!("\n[timed out after {}s]", timeout.as_secs()));
     }
-    let stdout_path = art
-        .put(&format!("logs/{label}.stdout"), stdout.clone().into_bytes())
-        .await?;
-    let stderr_path = art
-        .put(&format!("logs/{label}.stderr"), stderr.clone().into_bytes())
-        .await?;
+    // Both at once: the container is removed only once the step's last write is done.
+    let mut keys = art
+        .put_all(vec![
+            (format!("logs/{label}.stdout"), stdout.clone().into_bytes()),
+            (format!("logs/{label}.stderr"), stderr.clone().into_bytes()),
+        ])
+        .await?
+        .into_iter();
+    let (stdout_path, stderr_path) = (
+        keys.next().unwrap_or_default(),
+        keys.next().unwrap_or_default(),
+    );
     Ok(CmdResult {
         command: argv.to_vec(),
         exit_code: out.exit_code,
@@ -492,6 +522,34 @@ pub fn check_mechanical(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn files_written_at_once_are_recorded_by_name_with_their_keys_in_order() {
+        let blobs = Blobs::from_store(
+            std::sync::Arc::new(object_store::memory::InMemory::new()),
+            "t",
+        );
+        let mut art = Artifacts {
+            blobs: &blobs,
+            prefix: "runs/r/n/1/",
+            written: Default::default(),
+            events: Vec::new(),
+        };
+        let keys = art
+            .put_all(vec![
+                ("logs/a.stdout".into(), b"out".to_vec()),
+                ("logs/a.stderr".into(), b"err".to_vec()),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            keys,
+            ["runs/r/n/1/logs/a.stdout", "runs/r/n/1/logs/a.stderr"]
+        );
+        assert_eq!(art.written["logs/a.stderr"], "runs/r/n/1/logs/a.stderr");
+        assert_eq!(blobs.get(&keys[0]).await.unwrap(), b"out");
+        assert_eq!(blobs.get(&keys[1]).await.unwrap(), b"err");
+    }
 
     #[test]
     fn op_parameters_are_typed_and_a_wrong_type_is_a_clear_error() {
