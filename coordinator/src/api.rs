@@ -135,7 +135,7 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
                 path: route.path,
                 access: route.access,
             };
-            let timed = Timed {
+            let timed = crate::api_timing::Timed {
                 coord: coord.clone(),
                 path: route.path,
                 verb: route.verb,
@@ -146,41 +146,13 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
                     guard,
                     crate::auth_api::guard,
                 ))
-                .route_layer(axum::middleware::from_fn_with_state(timed, timed_request));
+                .route_layer(axum::middleware::from_fn_with_state(
+                    timed,
+                    crate::api_timing::timed_request,
+                ));
             r.route(route.path, serve)
         })
         .with_state(coord)
-}
-
-/// What a route's answers are timed under (`fleet_api_request_seconds`).
-#[derive(Clone)]
-struct Timed {
-    coord: Arc<Coordinator>,
-    path: &'static str,
-    verb: Verb,
-}
-
-/// Times a request from its route's point of view, the token guard included.
-async fn timed_request(
-    State(t): State<Timed>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let started = std::time::Instant::now();
-    let resp = next.run(req).await;
-    let class = match resp.status().as_u16() / 100 {
-        1 => "1xx",
-        2 => "2xx",
-        3 => "3xx",
-        4 => "4xx",
-        _ => "5xx",
-    };
-    t.coord
-        .metrics
-        .api_seconds
-        .with_label_values(&[t.path, t.verb.as_str(), class])
-        .observe(started.elapsed().as_secs_f64());
-    resp
 }
 
 pub struct ApiError(

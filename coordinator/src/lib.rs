@@ -4,6 +4,7 @@
 
 mod agent_checks;
 pub mod api;
+mod api_timing;
 pub mod auth_api;
 pub mod batches;
 pub mod cli;
