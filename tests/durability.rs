@@ -5,7 +5,9 @@
 //! appears, so nothing here waits on a guess.
 
 use fleet_tests::private_redis::PrivateRedis;
-use fleet_tests::stack::{containers, make_calc_repo, s3_blobs, Stack, StackConfig};
+use fleet_tests::stack::{
+    containers, make_calc_repo, s3_blobs, workspace_root, Stack, StackConfig,
+};
 use fleet_tests::submit::submit_with_script;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -529,19 +531,6 @@ async fn a_run_submitted_again_after_redis_went_back_to_an_older_copy_is_the_sam
     Ok(())
 }
 
-const ONE_STEP: &str = r#"
-name: one-step
-start: only
-defaults: {image: "fleet-agent-py:1", timeout_seconds: 60}
-nodes:
-  only:
-    kind: command
-    commands: ["true"]
-    worktree: {from: base, mode: ro}
-    routes: [{to: done}]
-  done: {kind: exit, status: only.ok}
-"#;
-
 /// A new run's job goes out before the creation's mirror writes; if its result came back and
 /// were committed and mirrored meanwhile, the creation's older snapshot would land over the
 /// final one, and a restore would run the finished run again. The creation stops before its
@@ -565,7 +554,9 @@ async fn a_result_back_before_its_runs_first_mirror_write_is_mirrored_after_it(
     })
     .await?;
     let repo = make_calc_repo(stack.dir.path())?;
-    let body = run_body(ONE_STEP, &repo, "early-1")?;
+    // One command job (the per-job benchmark's graph).
+    let graph = std::fs::read_to_string(workspace_root().join("graphs/bench/noop-command.yaml"))?;
+    let body = run_body(&graph, &repo, "early-1")?;
     let url = format!("{}/v1/runs", stack.server);
     let posted = tokio::spawn(async move {
         let r = reqwest::Client::new().post(url).json(&body).send().await?;
@@ -586,7 +577,7 @@ async fn a_result_back_before_its_runs_first_mirror_write_is_mirrored_after_it(
     faults.resume(point)?;
     assert_eq!(posted.await??, 201);
     let status = stack.wait_run("early-1", Duration::from_secs(60)).await?;
-    succeeded_with_every_node_once(&status, &["only"]);
+    succeeded_with_every_node_once(&status, &["noop"]);
 
     let mirror = s3_blobs(&stack.ns);
     let deadline = Instant::now() + Duration::from_secs(30);

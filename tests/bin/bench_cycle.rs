@@ -251,28 +251,24 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
     };
     println!("## Fleet: one trivial command job per run, sequential, {how} (ms)\n");
     println!("submit (a `fleet submit` process: graph load, repo pack, upload) → result seen (`GET /v1/runs/{{id}}/result?wait_seconds=60`, answered when the run ends).\n");
-    println!("| measure | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
-    println!("{}", stats("submit → result (wall)", &mut wall));
-    println!(
-        "{}",
-        stats("container start → remove (worker)", &mut container)
-    );
-    println!(
-        "{}",
-        stats("fleet overhead = wall − container", &mut overhead)
+    table(
+        "measure",
+        [
+            ("submit → result (wall)", &mut wall),
+            ("container start → remove (worker)", &mut container),
+            ("fleet overhead = wall − container", &mut overhead),
+        ],
     );
     println!("\nwhere the overhead goes (from this machine's clocks, to the millisecond):\n");
-    println!("| part | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
-    println!("{}", stats("the `fleet submit` process", &mut cli));
-    println!(
-        "{}",
-        stats("submit → the job's start on a worker", &mut to_start)
+    table(
+        "part",
+        [
+            ("the `fleet submit` process", &mut cli),
+            ("submit → the job's start on a worker", &mut to_start),
+            ("the worker outside the container", &mut worker_rest),
+            ("the job's end → its result seen", &mut to_seen),
+        ],
     );
-    println!(
-        "{}",
-        stats("the worker outside the container", &mut worker_rest)
-    );
-    println!("{}", stats("the job's end → its result seen", &mut to_seen));
     if warm > 0 {
         let (mut handed, mut cold) = (0.0, 0.0);
         for w in stack.worker_ids() {
@@ -305,6 +301,14 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
             "parallel_jobs_per_second": jobs as f64 / total})
     );
     Ok(())
+}
+
+/// A table of `stats` rows under a header whose first column is `first`.
+fn table<const N: usize>(first: &str, rows: [(&str, &mut Vec<f64>); N]) {
+    println!("| {first} | n | mean | p50 | p95 | min |\n|---|---|---|---|---|---|");
+    for (name, xs) in rows {
+        println!("{}", stats(name, xs));
+    }
 }
 
 /// The worker's own measure of the container's life, from the run's status view.

@@ -40,11 +40,8 @@ impl Coordinator {
 
     /// Notes that `repo` at `commit` is stored as the pack `known.0` with tree hash `known.1`.
     pub fn remember_snapshot(&self, repo: &str, commit: &str, known: (String, String)) {
-        let mut snapshots = self.snapshots.lock().expect("snapshots");
-        if snapshots.len() >= SNAPSHOTS_MAX {
-            snapshots.clear();
-        }
-        snapshots.insert((repo.to_string(), commit.to_string()), known);
+        let key = (repo.to_string(), commit.to_string());
+        remember(&self.snapshots, SNAPSHOTS_MAX, key, known);
     }
 
     /// The upload record stored under `key` as this coordinator last read or wrote it. A
@@ -57,10 +54,21 @@ impl Coordinator {
 
     /// Notes the upload record stored under `key`.
     pub fn remember_upload(&self, key: &str, record: &shared::http::Uploaded) {
-        let mut uploads = self.uploads.lock().expect("uploads");
-        if uploads.len() >= UPLOADS_MAX {
-            uploads.clear();
-        }
-        uploads.insert(key.to_string(), record.clone());
+        remember(&self.uploads, UPLOADS_MAX, key.to_string(), record.clone());
     }
+}
+
+/// Inserts into a memo bounded at `max` entries: a full memo starts again empty (a bound, not
+/// an LRU).
+fn remember<K: std::hash::Hash + Eq, V>(
+    memo: &std::sync::Mutex<std::collections::HashMap<K, V>>,
+    max: usize,
+    key: K,
+    value: V,
+) {
+    let mut memo = memo.lock().unwrap_or_else(|p| p.into_inner());
+    if memo.len() >= max {
+        memo.clear();
+    }
+    memo.insert(key, value);
 }
