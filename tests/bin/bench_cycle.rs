@@ -212,6 +212,7 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
             .unwrap_or(0.0)
     };
     let http = reqwest::Client::new();
+    let phases_before = worker_phases(&stack).await?;
     for i in 0..jobs {
         let t = Instant::now();
         let t0 = now();
@@ -269,6 +270,12 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
             ("the job's end → its result seen", &mut to_seen),
         ],
     );
+    let phases = worker_phase_means(&phases_before, &worker_phases(&stack).await?);
+    println!("\nthe workers' own account of a job (`fleet_worker_job_phase_seconds`, mean ms per job that had the phase):\n");
+    println!("| phase | jobs | mean ms |\n|---|---|---|");
+    for (phase, (n, ms)) in &phases {
+        println!("| {phase} | {n} | {ms:.2} |");
+    }
     if warm > 0 {
         let (mut handed, mut cold) = (0.0, 0.0);
         for w in stack.worker_ids() {
@@ -298,9 +305,52 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
             "container_ms": means.1, "overhead_ms": means.2,
             "parts_ms": {"submit_process": mean(&cli), "to_job_start": mean(&to_start),
                 "worker_outside_container": mean(&worker_rest), "end_to_seen": mean(&to_seen)},
+            "worker_phases_ms": phases.iter().map(|(p, (_, ms))| (p.to_string(), serde_json::json!(ms))).collect::<serde_json::Map<_, _>>(),
             "parallel_jobs_per_second": jobs as f64 / total})
     );
     Ok(())
+}
+
+/// The workers' phase sums and counts (`fleet_worker_job_phase_seconds`), added over workers.
+const PHASES: [&str; 7] = [
+    "folder",
+    "worktree",
+    "hand_over",
+    "container",
+    "after_container",
+    "folder_removal",
+    "report",
+];
+
+async fn worker_phases(stack: &Stack) -> anyhow::Result<Vec<(f64, f64)>> {
+    let mut out = vec![(0.0, 0.0); PHASES.len()];
+    for w in stack.worker_ids() {
+        for (i, phase) in PHASES.iter().enumerate() {
+            let labels = [("phase", *phase)];
+            out[i].0 += stack
+                .worker_metric(&w, "fleet_worker_job_phase_seconds_sum", &labels)
+                .await?;
+            out[i].1 += stack
+                .worker_metric(&w, "fleet_worker_job_phase_seconds_count", &labels)
+                .await?;
+        }
+    }
+    Ok(out)
+}
+
+/// Per phase, the jobs that had it between two reads and their mean in ms.
+fn worker_phase_means(
+    before: &[(f64, f64)],
+    after: &[(f64, f64)],
+) -> Vec<(&'static str, (f64, f64))> {
+    PHASES
+        .iter()
+        .zip(before.iter().zip(after))
+        .filter_map(|(p, ((s0, n0), (s1, n1)))| {
+            let n = n1 - n0;
+            (n > 0.0).then(|| (*p, (n, (s1 - s0) / n * 1e3)))
+        })
+        .collect()
 }
 
 /// A table of `stats` rows under a header whose first column is `first`.

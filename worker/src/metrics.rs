@@ -6,7 +6,7 @@ use prometheus::{
 };
 use shared::graph::NodeKind;
 use shared::messages::{JobStatus, Usage};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -38,6 +38,55 @@ pub struct Metrics {
     /// What the worker removed because its disk was low, by `what`: `checkout` (an idle shared
     /// checkout) or `job_dir` (a job folder no running execution owned).
     pub disk_pressure_evictions: IntCounterVec,
+    /// Where a job's time goes on this worker, by `JobPhase`.
+    job_phases: HistogramVec,
+}
+
+/// A part of a job's time on a worker (`fleet_worker_job_phase_seconds{phase}`): what a job
+/// costs beside its step, measured where it is spent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    /// The job folder made.
+    Folder,
+    /// The worktree materialised (its packs fetched, checked out, shared or layered).
+    Worktree,
+    /// The worktree given to the container's user.
+    HandOver,
+    /// The container's life: started (or taken from the warm pool) to removed.
+    Container,
+    /// After the container: the last disk measure and the commit handed on.
+    AfterContainer,
+    /// The job folder removed.
+    FolderRemoval,
+    /// The result stored or inlined and published, confirmed by the broker.
+    Report,
+}
+
+impl JobPhase {
+    pub fn label(self) -> &'static str {
+        match self {
+            JobPhase::Folder => "folder",
+            JobPhase::Worktree => "worktree",
+            JobPhase::HandOver => "hand_over",
+            JobPhase::Container => "container",
+            JobPhase::AfterContainer => "after_container",
+            JobPhase::FolderRemoval => "folder_removal",
+            JobPhase::Report => "report",
+        }
+    }
+}
+
+/// Observes its phase's time when dropped (whatever way the phase ends).
+pub struct PhaseTimer<'a> {
+    metrics: &'a Metrics,
+    phase: JobPhase,
+    since: Instant,
+}
+
+impl Drop for PhaseTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics.job_phase(self.phase, self.since.elapsed());
+    }
 }
 
 impl Metrics {
@@ -142,6 +191,18 @@ impl Metrics {
             &["what"],
         )
         .expect("valid metric");
+        let job_phases = HistogramVec::new(
+            HistogramOpts::new(
+                "fleet_worker_job_phase_seconds",
+                "where a job's time goes on a worker, by phase (folder, worktree, hand_over, container, after_container, folder_removal, report)",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+                60.0,
+            ]),
+            &["phase"],
+        )
+        .expect("valid metric");
         let warm_ready = IntGauge::new(
             "fleet_worker_warm_containers",
             "warm containers started ahead and ready for a job",
@@ -172,9 +233,11 @@ impl Metrics {
                 .register(Box::new(c.clone()))
                 .expect("unique metric");
         }
-        registry
-            .register(Box::new(job_seconds.clone()))
-            .expect("unique metric");
+        for h in [&job_seconds, &job_phases] {
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric");
+        }
         Self {
             registry,
             jobs,
@@ -192,6 +255,22 @@ impl Metrics {
             warm_ready,
             worktrees,
             disk_pressure_evictions,
+            job_phases,
+        }
+    }
+
+    pub fn job_phase(&self, phase: JobPhase, took: Duration) {
+        self.job_phases
+            .with_label_values(&[phase.label()])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Times `phase` from now until the timer is dropped.
+    pub fn time(&self, phase: JobPhase) -> PhaseTimer<'_> {
+        PhaseTimer {
+            metrics: self,
+            phase,
+            since: Instant::now(),
         }
     }
 
@@ -240,5 +319,27 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_is_observed_under_its_label_once_its_timer_is_dropped() {
+        let m = Metrics::new();
+        let count = |m: &Metrics| {
+            m.render()
+                .lines()
+                .find(|l| l.starts_with("fleet_worker_job_phase_seconds_count{phase=\"report\"}"))
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_string())
+        };
+        let timer = m.time(JobPhase::Report);
+        assert_eq!(count(&m), None, "observed before the phase ended");
+        drop(timer);
+        m.job_phase(JobPhase::Report, Duration::from_millis(3));
+        assert_eq!(count(&m).as_deref(), Some("2"));
+        assert!(!m.render().contains("phase=\"folder\""));
     }
 }

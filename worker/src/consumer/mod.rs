@@ -24,6 +24,7 @@ mod tests;
 
 pub(crate) use executions::{Admission, Delivery, Executions};
 
+use crate::metrics::JobPhase;
 use crate::queue::{Broker, Incoming, QueueName};
 use crate::runner::Runner;
 use shared::messages::{
@@ -217,6 +218,7 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
             crate::runner::permanent_result(&spec, &runner.config.id, &exec.tag, ran, reason)
         }
     };
+    let report = runner.metrics.time(JobPhase::Report);
     let stored = async {
         let (key, inline) = runner
             .blobs
@@ -242,6 +244,7 @@ async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, m
             .map_err(|e| e.to_string())
     }
     .await;
+    drop(report);
     match stored {
         Ok(()) => {
             crate::faults::point("worker.after_store").await;

@@ -237,6 +237,7 @@ pub(super) fn materialize_at(
         head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
         shared: false,
         layered: false,
+        pending_git: None,
     })
 }
 

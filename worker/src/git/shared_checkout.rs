@@ -13,8 +13,9 @@
 //!   job holds a lease on it; at most `keep` are kept, the least recently used go first; the
 //!   folder is emptied at start (`open`), so nothing from an earlier process is trusted.
 
+use super::worktree::PendingGitDir;
 use super::{GitError, Worktree};
-use git2::{Oid, Repository};
+use git2::Oid;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -293,8 +294,8 @@ enum Files {
     Layered(PathBuf),
 }
 
-/// The job's git directory at `dest/git`: the mirror's objects by alternates, the checkout's
-/// index copied (the job's status reads may rewrite their copy, never the checkout's).
+/// The job's worktree on the checkout, its git directory at `dest/git` made on first use
+/// (`PendingGitDir`: the mirror's objects by alternates, the checkout's index copied).
 fn job_git_dir(
     mirror: &Path,
     checkout: &Path,
@@ -302,22 +303,76 @@ fn job_git_dir(
     dest: &Path,
     files: Files,
 ) -> Result<Worktree, GitError> {
-    let git_dir = dest.join("git");
-    super::mirror::init_with_alternates(mirror, &git_dir)?;
-    std::fs::copy(checkout.join("git/index"), git_dir.join("index"))?;
-    let repo = Repository::open_bare(&git_dir)?;
     let oid = Oid::from_str(commit)?;
-    repo.set_head_detached(oid)?;
     let (dir, shared, layered) = match files {
         Files::Shared(dir) => (dir, true, false),
         Files::Layered(dir) => (dir, false, true),
     };
     Ok(Worktree {
         dir,
-        git_dir,
+        git_dir: dest.join("git"),
         base: oid,
         head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
         shared,
         layered,
+        pending_git: Some(std::sync::Arc::new(PendingGitDir::new(
+            mirror.to_path_buf(),
+            checkout.join("git/index"),
+        ))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use git2::{Repository, Signature, Time};
+
+    /// A bare mirror holding one commit of `file.txt`; its id.
+    fn mirror_with_a_commit(mirror: &Path) -> String {
+        let repo = Repository::init_bare(mirror).unwrap();
+        let blob = repo.blob(b"hello\n").unwrap();
+        let mut tree = repo.treebuilder(None).unwrap();
+        tree.insert("file.txt", blob, 0o100644).unwrap();
+        let tree = repo.find_tree(tree.write().unwrap()).unwrap();
+        let sig = Signature::new("t", "t@localhost", &Time::new(0, 0)).unwrap();
+        let oid = repo.commit(None, &sig, &sig, "one", &tree, &[]).unwrap();
+        oid.to_string()
+    }
+
+    #[test]
+    fn a_job_on_a_shared_checkout_gets_its_git_directory_only_when_it_reads_git() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mirror = tmp.path().join("mirror");
+        let commit = mirror_with_a_commit(&mirror);
+        let root = tmp.path().join("checkouts");
+        std::fs::create_dir_all(&root).unwrap();
+        check_out(&mirror, &root, &commit, None).unwrap();
+        let checkout = root.join(&commit);
+        let dest = tmp.path().join("job");
+        std::fs::create_dir_all(&dest).unwrap();
+        let files = Files::Shared(checkout.join("wt"));
+        let wt = job_git_dir(&mirror, &checkout, &commit, &dest, files).unwrap();
+        assert!(!dest.join("git").exists(), "made before any git read");
+        assert_eq!(
+            std::fs::read_to_string(wt.dir.join("file.txt")).unwrap(),
+            "hello\n"
+        );
+
+        // A handle on the same worktree reads git: the directory is made once, at the base, and
+        // reads the commit through the mirror's objects; the first handle uses it too.
+        let other = wt.clone();
+        assert!(other.changed_files(None).unwrap().is_empty());
+        assert!(dest.join("git/index").exists());
+        let job_git = Repository::open_bare(dest.join("git")).unwrap();
+        assert_eq!(
+            job_git.head().unwrap().target().unwrap().to_string(),
+            commit
+        );
+        assert!(wt.changes(&commit, &commit).unwrap().is_empty());
+        // The checkout's own index is never the job's.
+        assert_ne!(
+            std::fs::canonicalize(checkout.join("git/index")).unwrap(),
+            std::fs::canonicalize(dest.join("git/index")).unwrap()
+        );
+    }
 }

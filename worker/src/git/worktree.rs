@@ -26,6 +26,41 @@ pub struct Worktree {
     /// The files are an overlay on such a checkout, the job's own (`layered.rs`): `dir` is a
     /// mount point, never moved.
     pub(super) layered: bool,
+    /// How `git_dir` is made on first use, for a worktree on a commit's checkout (`None`: it
+    /// exists). A job that never reads git (a command on a read-only tree) never pays for one.
+    pub(super) pending_git: Option<std::sync::Arc<PendingGitDir>>,
+}
+
+/// A job's git directory not made yet: the mirror's objects by alternates, and the index of
+/// the checkout its files are (copied: the job's status reads may rewrite their copy, never
+/// the checkout's, which its lease keeps while the job runs).
+pub(super) struct PendingGitDir {
+    mirror: PathBuf,
+    index: PathBuf,
+    made: std::sync::Mutex<bool>,
+}
+
+impl PendingGitDir {
+    pub(super) fn new(mirror: PathBuf, index: PathBuf) -> Self {
+        Self {
+            mirror,
+            index,
+            made: std::sync::Mutex::new(false),
+        }
+    }
+
+    /// Makes `git_dir` at `base` once, whichever handle on the worktree asks first.
+    fn make(&self, git_dir: &std::path::Path, base: Oid) -> Result<(), GitError> {
+        let mut made = self.made.lock().expect("git dir lock");
+        if *made {
+            return Ok(());
+        }
+        super::mirror::init_with_alternates(&self.mirror, git_dir)?;
+        std::fs::copy(&self.index, git_dir.join("index"))?;
+        Repository::open_bare(git_dir)?.set_head_detached(base)?;
+        *made = true;
+        Ok(())
+    }
 }
 
 /// What a cherry-pick, squash-merge or rebase did.
@@ -54,6 +89,9 @@ impl Worktree {
     }
 
     fn repo(&self) -> Result<Repository, GitError> {
+        if let Some(pending) = &self.pending_git {
+            pending.make(&self.git_dir, self.base)?;
+        }
         let repo = Repository::open_bare(&self.git_dir)?;
         repo.set_workdir(&self.dir, false)?;
         Ok(repo)

@@ -6,6 +6,7 @@
 use super::{RunError, Runner};
 use crate::agent::gateway::Gateway;
 use crate::harness::{Artifacts, StepOutcome};
+use crate::metrics::JobPhase;
 use crate::sandbox::disk;
 use crate::sandbox::{SandboxError, SandboxSpec, Session};
 use serde_json::{json, Value};
@@ -58,6 +59,10 @@ impl Runner {
             ))
         })?;
 
+        let worktree_timer = spec
+            .worktree
+            .is_some()
+            .then(|| self.metrics.time(JobPhase::Worktree));
         if spec.worktree.is_some() {
             // A low disk first gives back what no job is using (this job's worktree needs room).
             self.relieve_disk_pressure().await;
@@ -97,6 +102,7 @@ impl Runner {
             }
             None => None,
         };
+        drop(worktree_timer);
         let shared_worktree = worktree.as_ref().is_some_and(|wt| wt.is_shared());
         let layered_worktree = worktree.as_ref().is_some_and(|wt| wt.is_layered());
         let needs_container = node.needs_container();
@@ -123,6 +129,7 @@ impl Runner {
         // and what the worker wrote into it (a git directory of its own) are given away (a
         // change of owner of every file through the overlay would copy each one up).
         if !shared_worktree && !folderless {
+            let _timer = self.metrics.time(JobPhase::HandOver);
             let (mount, user) = (mount.clone(), self.config.sandbox_user.clone());
             crate::safe_fs::blocking(move || {
                 if layered_worktree {
@@ -237,10 +244,14 @@ impl Runner {
             }
         }
         let container_seconds = if session.is_some() {
-            container_started.elapsed().as_secs_f64()
+            let life = container_started.elapsed();
+            self.metrics.job_phase(JobPhase::Container, life);
+            life.as_secs_f64()
         } else {
             0.0
         };
+        // The last disk measure and the commit handed on, whichever way the job ends.
+        let _after = self.metrics.time(JobPhase::AfterContainer);
         // A writer quicker than the watch (between two walks) is caught here, once nothing
         // writes any more.
         let stepped = match (stepped, quota) {

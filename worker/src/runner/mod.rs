@@ -49,7 +49,7 @@ use crate::agent::LlmSettings;
 use crate::blobs::Blobs;
 use crate::git::GitCache;
 use crate::harness::Artifacts;
-use crate::metrics::Metrics;
+use crate::metrics::{JobPhase, Metrics};
 use crate::sandbox::{Limits, Sandbox};
 use chrono::{DateTime, Utc};
 use execute::Executed;
@@ -200,6 +200,7 @@ impl Runner {
         let started_at = self.clock.now();
         let started = Instant::now();
         let folder = if self.needs_folder(spec).await {
+            let _timer = self.metrics.time(JobPhase::Folder);
             let folder = JobFolder::create(&exec.dir, spec.job_id.as_str()).map_err(|e| {
                 RunError::Transient(format!("job folder {}: {e}", exec.dir.display()))
             })?;
@@ -220,7 +221,10 @@ impl Runner {
         drop(registered);
         match supervised {
             Ok(Ok(result)) => {
-                JobFolder::remove_if_made(folder).await;
+                if folder.is_some() {
+                    let _timer = self.metrics.time(JobPhase::FolderRemoval);
+                    JobFolder::remove_if_made(folder).await;
+                }
                 self.metrics.observe_job(
                     spec.kind,
                     result.status,
