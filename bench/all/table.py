@@ -15,6 +15,14 @@ END = "<!-- bench-all:end -->"
 PROCESSES = ["coordinator", "worker", "rabbitmq", "redis", "s3"]
 
 
+def worker_phases(line):
+    """The worker's largest phases beside the container, from `worker_phases_ms`."""
+    phases = {k: v for k, v in line.get("worker_phases_ms", {}).items() if k != "container"}
+    if not phases:
+        return ""
+    top = sorted(phases.items(), key=lambda kv: -kv[1])[:3]
+    return " (" + ", ".join(f"{k} {v:.1f}" for k, v in top) + ")"
+
 
 def spread(r):
     """How many runs a median stands for, and their range."""
@@ -114,9 +122,12 @@ def render(by_tag, command, cores, celery, s3):
         commit = sum(phases.values())
         bound = ""
         if p50 > 1:
+            by_phase = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
             bound = (f"the broker's own round trip (a job and its result through fsynced quorum "
                      f"queues) is {broker:.2f} ms p50; the coordinator's commits take "
-                     f"{commit:.2f} ms per run")
+                     f"{commit:.2f} ms per run ({by_phase}: `outbox` holds the end's result "
+                     f"files, `mirror` the object store's copy, both written before a client is "
+                     f"told)")
         rows.append(("one job's round trip, `POST /v1/runs` to its result (p50)", "≤ 1 ms",
                      f"{p50:.2f} ms", anchor, p50 <= 1, bound))
 
@@ -140,7 +151,8 @@ def render(by_tag, command, cores, celery, s3):
             if parts:
                 bound = (f"submit → the job's start {parts['to_job_start']:.1f} ms (the `fleet submit` "
                          f"process, its API calls, the run's creation), the worker outside the "
-                         f"container {parts['worker_outside_container']:.1f} ms, the job's end → its "
+                         f"container {parts['worker_outside_container']:.1f} ms{worker_phases(warm)}, "
+                         f"the job's end → its "
                          f"result seen {parts['end_to_seen']:.1f} ms (result files, Redis commit, "
                          f"final snapshot), all on 2 cores beside the pool's Docker work")
             else:
