@@ -10,12 +10,12 @@
 //!    measure of the container's life; then the same jobs submitted at once.
 
 use super::{chrono_secs, stats, IMAGE};
-use fleet_tests::stack::{make_calc_repo, workspace_root, Stack};
+use fleet_tests::stack::{make_calc_repo, sum_samples, workspace_root, Stack};
 use fleet_tests::submit::submit_with_script;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use worker::metrics::Metrics;
+use worker::metrics::{JobPhase, Metrics};
 use worker::sandbox::docker::DockerSandbox;
 use worker::sandbox::warm::WarmPool;
 use worker::sandbox::{Limits, Sandbox, SandboxSpec};
@@ -311,28 +311,16 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The workers' phase sums and counts (`fleet_worker_job_phase_seconds`), added over workers.
-const PHASES: [&str; 7] = [
-    "folder",
-    "worktree",
-    "hand_over",
-    "container",
-    "after_container",
-    "folder_removal",
-    "report",
-];
-
+/// The workers' phase sums and counts (`fleet_worker_job_phase_seconds`), added over workers,
+/// in the order of `JobPhase::ALL`.
 async fn worker_phases(stack: &Stack) -> anyhow::Result<Vec<(f64, f64)>> {
-    let mut out = vec![(0.0, 0.0); PHASES.len()];
+    let mut out = vec![(0.0, 0.0); JobPhase::ALL.len()];
     for w in stack.worker_ids() {
-        for (i, phase) in PHASES.iter().enumerate() {
-            let labels = [("phase", *phase)];
-            out[i].0 += stack
-                .worker_metric(&w, "fleet_worker_job_phase_seconds_sum", &labels)
-                .await?;
-            out[i].1 += stack
-                .worker_metric(&w, "fleet_worker_job_phase_seconds_count", &labels)
-                .await?;
+        let text = stack.worker_metrics_text(&w).await?;
+        for (i, phase) in JobPhase::ALL.iter().enumerate() {
+            let labels = [("phase", phase.label())];
+            out[i].0 += sum_samples(&text, "fleet_worker_job_phase_seconds_sum", &labels);
+            out[i].1 += sum_samples(&text, "fleet_worker_job_phase_seconds_count", &labels);
         }
     }
     Ok(out)
@@ -343,12 +331,12 @@ fn worker_phase_means(
     before: &[(f64, f64)],
     after: &[(f64, f64)],
 ) -> Vec<(&'static str, (f64, f64))> {
-    PHASES
+    JobPhase::ALL
         .iter()
         .zip(before.iter().zip(after))
         .filter_map(|(p, ((s0, n0), (s1, n1)))| {
             let n = n1 - n0;
-            (n > 0.0).then(|| (*p, (n, (s1 - s0) / n * 1e3)))
+            (n > 0.0).then(|| (p.label(), (n, (s1 - s0) / n * 1e3)))
         })
         .collect()
 }

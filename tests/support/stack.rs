@@ -518,18 +518,23 @@ impl Stack {
         metric: &str,
         labels: &[(&str, &str)],
     ) -> anyhow::Result<f64> {
+        let text = self.worker_metrics_text(id).await?;
+        Ok(sum_samples(&text, metric, labels))
+    }
+
+    /// A worker's `/metrics` page, for several reads of one moment (`sum_samples`).
+    pub async fn worker_metrics_text(&self, id: &str) -> anyhow::Result<String> {
         let addr = self
             .metrics
             .get(id)
             .ok_or_else(|| anyhow!("no worker {id}"))?;
-        let text = self
+        Ok(self
             .http
             .get(format!("http://{addr}/metrics"))
             .send()
             .await?
             .text()
-            .await?;
-        Ok(sum_samples(&text, metric, labels))
+            .await?)
     }
 
     /// Waits until a worker's `metric` (see `worker_metric`) reaches `at_least`: what the

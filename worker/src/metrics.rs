@@ -63,6 +63,16 @@ pub enum JobPhase {
 }
 
 impl JobPhase {
+    pub const ALL: [JobPhase; 7] = [
+        JobPhase::Folder,
+        JobPhase::Worktree,
+        JobPhase::HandOver,
+        JobPhase::Container,
+        JobPhase::AfterContainer,
+        JobPhase::FolderRemoval,
+        JobPhase::Report,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             JobPhase::Folder => "folder",

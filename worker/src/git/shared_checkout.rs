@@ -183,7 +183,7 @@ impl SharedCheckouts {
             } else {
                 Files::Shared(checkout.join("wt"))
             };
-            job_git_dir(&mirror, &checkout, &commit, &dest, files)
+            job_worktree(&mirror, &checkout, &commit, &dest, files)
         })
         .await?;
         Ok((wt, lease))
@@ -296,7 +296,7 @@ enum Files {
 
 /// The job's worktree on the checkout, its git directory at `dest/git` made on first use
 /// (`PendingGitDir`: the mirror's objects by alternates, the checkout's index copied).
-fn job_git_dir(
+fn job_worktree(
     mirror: &Path,
     checkout: &Path,
     commit: &str,
@@ -351,7 +351,7 @@ mod tests {
         let dest = tmp.path().join("job");
         std::fs::create_dir_all(&dest).unwrap();
         let files = Files::Shared(checkout.join("wt"));
-        let wt = job_git_dir(&mirror, &checkout, &commit, &dest, files).unwrap();
+        let wt = job_worktree(&mirror, &checkout, &commit, &dest, files).unwrap();
         assert!(!dest.join("git").exists(), "made before any git read");
         assert_eq!(
             std::fs::read_to_string(wt.dir.join("file.txt")).unwrap(),
