@@ -563,3 +563,62 @@ async fn a_killed_workers_overlays_are_unmounted_when_it_starts_again() -> anyho
     assert_eq!(mounts_under(&jobs)?, Vec::<String>::new());
     Ok(())
 }
+
+/// A writer allowed `probe.txt` only, that also rewrites `many/f1.txt` to the same size and
+/// puts its modification time back: what an agent would do to slip a change past a check
+/// that trusted the files' stat data.
+fn sly_writer() -> String {
+    one_command(
+        "sly-writer",
+        "write",
+        r#"sh -c 'echo by-the-writer > probe.txt; t=$(stat -c %Y many/f1.txt); printf 9 > many/f1.txt; touch -d @$t many/f1.txt; echo sly=$(cat many/f1.txt)'"#,
+        "{ from: base, mode: rw, commit: true }\n    writes: [\"probe.txt\"]",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_warm_pool_a_small_commits_writer_commits_every_change_from_a_worktree_of_its_own(
+) -> anyhow::Result<()> {
+    // A small commit's jobs check out worktrees of their own (for the warm container), whose git
+    // directories are made only when the harness first reads git, after the container ran.
+    let stack = Stack::start_with(
+        "ownwriter",
+        1,
+        1,
+        &[("FLEET_WARM_CONTAINERS", "1"), ("FLEET_STEP_CACHE", "off")],
+    )
+    .await?;
+    let worker = stack.worker_ids()[0].clone();
+    let repo = repo(stack.dir.path(), "repo", "original", 10)?;
+
+    let got = run(&stack, LAYERED, "read", &repo).await?;
+    assert_eq!(worktrees(&stack, &worker, "private").await?, 2.0, "{got:?}");
+    assert_eq!(field(&got, "probe"), "by-the-writer");
+    assert_eq!(field(&got, "f1"), "1more+");
+    assert_eq!(field(&got, "f2"), "gone", "a removal is committed");
+    assert_eq!(field(&got, "f3"), "gone", "a rename is committed");
+    assert_eq!(field(&got, "moved"), "3");
+    assert_eq!(field(&got, "added"), "added");
+    assert_eq!(field(&got, "hard"), "by-the-writer");
+    assert_eq!(field(&got, "files"), "8");
+
+    // The change outside its scope is seen, however well its stat data were put back.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let input = serde_json::json!({ "sly": N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) });
+    let run = submit_yaml(&stack, "sly", &sly_writer(), Path::new(&repo), &input)?;
+    let status = stack.wait_run(&run, Duration::from_secs(120)).await?;
+    assert_ne!(status["status"], "succeeded", "{status}");
+    let stdout = stack
+        .node_artifact_text(&run, "write", 1, "logs/command_0.stdout")
+        .await?;
+    assert!(
+        stdout.contains("sly=9"),
+        "the writer did rewrite it: {stdout}"
+    );
+    assert!(
+        status.to_string().contains("many/f1.txt"),
+        "the refusal names the file: {status}"
+    );
+    assert_eq!(worktrees(&stack, &worker, "private").await?, 3.0);
+    Ok(())
+}

@@ -195,11 +195,14 @@ impl GitCache {
             .await
     }
 
-    /// A fresh worktree of `commit` at `dest/wt`, git directory at `dest/git` (checked out on
-    /// the blocking pool).
+    /// A fresh worktree of `commit` of the job's own at `dest/wt`, its git directory at
+    /// `dest/git` made on first read (`check_out_own`; checked out on the blocking pool).
     pub async fn materialize(&self, commit: &str, dest: &Path) -> Result<Worktree, GitError> {
         let (mirror, commit, dest) = (self.mirror.clone(), commit.to_string(), dest.to_path_buf());
-        crate::safe_fs::blocking(move || materialize_at(&mirror, &commit, &dest)).await
+        crate::safe_fs::blocking(move || {
+            super::own_checkout::check_out_own(&mirror, &commit, &dest)
+        })
+        .await
     }
 }
 
@@ -215,6 +218,8 @@ pub(super) fn init_with_alternates(mirror: &Path, git_dir: &Path) -> Result<(), 
     Ok(())
 }
 
+/// A worktree of `commit` at `dest/wt` with its git directory made at `dest/git` (a commit's
+/// shared checkout, whose index its jobs' git directories copy).
 pub(super) fn materialize_at(
     mirror: &Path,
     commit: &str,

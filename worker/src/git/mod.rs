@@ -6,7 +6,8 @@
 //! libgit2 blocks: async callers run it on the blocking pool (`GitCache::materialize`,
 //! `Worktree::blocking`).
 //!
-//! `mirror.rs`: packs into the bare mirror and a worktree out of it; `worktree.rs`: a job's
+//! `mirror.rs`: packs into the bare mirror and a worktree out of it; `own_checkout.rs`: a job's
+//! worktree of its own, its git directory made on first read; `worktree.rs`: a job's
 //! worktree (commits, picks, restores, the pack of its new commits); `changes.rs`: what changed,
 //! as git computes it (both sides of renames, modes), from a tree diff or a patch; `repo.rs`:
 //! packing a submitted repository and the clean-tree preflight; `exposed.rs`: the git directory
@@ -18,6 +19,7 @@ mod changes;
 mod exposed;
 pub mod layered;
 mod mirror;
+mod own_checkout;
 mod repo;
 mod shared_checkout;
 #[cfg(test)]

@@ -26,14 +26,17 @@ pub struct Worktree {
     /// The files are an overlay on such a checkout, the job's own (`layered.rs`): `dir` is a
     /// mount point, never moved.
     pub(super) layered: bool,
-    /// How `git_dir` is made on first use, for a worktree on a commit's checkout (`None`: it
-    /// exists). A job that never reads git (a command on a read-only tree) never pays for one.
+    /// How `git_dir` is made on first use, for a worktree on a commit's checkout or checked
+    /// out of the mirror for the job alone (`None`: it exists). A job that never reads git (a
+    /// command on a read-only tree) never pays for one.
     pub(super) pending_git: Option<std::sync::Arc<PendingGitDir>>,
 }
 
 /// A job's git directory not made yet: the mirror's objects by alternates, and the index of
 /// the checkout its files are (copied: the job's status reads may rewrite their copy, never
-/// the checkout's, which its lease keeps while the job runs).
+/// the checkout's, which its lease keeps while the job runs). The index was written when the
+/// files were checked out, never since: made after a container ran, the git directory still
+/// compares what the agent left with the commit (an index restatted then would hide changes).
 pub(super) struct PendingGitDir {
     mirror: PathBuf,
     index: PathBuf,
