@@ -427,6 +427,18 @@ nodes:
     status: read.ok
 "#;
 
+/// What `LAYERED`'s reader must find: every change its writer made, committed.
+fn assert_every_change_committed(got: &[String]) {
+    assert_eq!(field(got, "probe"), "by-the-writer", "{got:?}");
+    assert_eq!(field(got, "f1"), "1more+");
+    assert_eq!(field(got, "f2"), "gone", "a removal is committed");
+    assert_eq!(field(got, "f3"), "gone", "a rename is committed");
+    assert_eq!(field(got, "moved"), "3");
+    assert_eq!(field(got, "added"), "added");
+    assert_eq!(field(got, "hard"), "by-the-writer");
+    assert_eq!(field(got, "files"), "8");
+}
+
 fn trasher() -> String {
     one_command(
         "trasher",
@@ -475,14 +487,7 @@ async fn a_writers_layered_worktree_commits_every_change_and_leaves_the_shared_c
     // The writer's every change is in its commit, as the next node reads it...
     let got = run(&stack, LAYERED, "read", &repo).await?;
     assert_eq!(worktrees(&stack, &worker, "layered").await?, 1.0, "{got:?}");
-    assert_eq!(field(&got, "probe"), "by-the-writer");
-    assert_eq!(field(&got, "f1"), "1more+");
-    assert_eq!(field(&got, "f2"), "gone", "a removal is committed");
-    assert_eq!(field(&got, "f3"), "gone", "a rename is committed");
-    assert_eq!(field(&got, "moved"), "3");
-    assert_eq!(field(&got, "added"), "added");
-    assert_eq!(field(&got, "hard"), "by-the-writer");
-    assert_eq!(field(&got, "files"), "8");
+    assert_every_change_committed(&got);
 
     // A writer that changes modes, links out and removes every file (no commit: its write
     // scope would refuse links and mode changes).
@@ -593,14 +598,7 @@ async fn with_a_warm_pool_a_small_commits_writer_commits_every_change_from_a_wor
 
     let got = run(&stack, LAYERED, "read", &repo).await?;
     assert_eq!(worktrees(&stack, &worker, "private").await?, 2.0, "{got:?}");
-    assert_eq!(field(&got, "probe"), "by-the-writer");
-    assert_eq!(field(&got, "f1"), "1more+");
-    assert_eq!(field(&got, "f2"), "gone", "a removal is committed");
-    assert_eq!(field(&got, "f3"), "gone", "a rename is committed");
-    assert_eq!(field(&got, "moved"), "3");
-    assert_eq!(field(&got, "added"), "added");
-    assert_eq!(field(&got, "hard"), "by-the-writer");
-    assert_eq!(field(&got, "files"), "8");
+    assert_every_change_committed(&got);
 
     // The change outside its scope is seen, however well its stat data were put back.
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
