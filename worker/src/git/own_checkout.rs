@@ -5,7 +5,6 @@ use super::worktree::PendingGitDir;
 use super::{GitError, Worktree};
 use git2::{build::CheckoutBuilder, Oid, Repository};
 use std::path::Path;
-use std::sync::Arc;
 
 /// A worktree of `commit` of the job's own: its files checked out at `dest/wt` straight from
 /// the mirror, their index (with the files' stat data) at `dest/index`, outside what a
@@ -31,31 +30,26 @@ pub(super) fn check_out_own(
     let oid = Oid::from_str(commit)?;
     let object = repo.find_commit(oid)?.into_object();
     repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))?;
-    Ok(Worktree {
+    Ok(Worktree::with_pending_git(
         dir,
-        git_dir: dest.join("git"),
-        base: oid,
-        head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
-        shared: false,
-        layered: false,
-        pending_git: Some(Arc::new(PendingGitDir::new(
-            mirror.to_path_buf(),
-            index_path,
-        ))),
-    })
+        dest.join("git"),
+        oid,
+        PendingGitDir::new(mirror.to_path_buf(), index_path),
+    ))
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use git2::{Signature, Time};
     use std::collections::BTreeMap;
     use std::os::unix::fs::PermissionsExt;
     use std::path::PathBuf;
 
-    /// A bare mirror holding one commit: a text file, an executable, a link, and a file whose
-    /// attributes make its checkout differ from its blob (CRLF line ends). The commit's id.
-    fn mirror_with_a_commit(mirror: &Path) -> String {
+    /// A bare mirror holding one commit: a text file (`file.txt`, "hello\n"), an executable, a
+    /// link, and a file whose attributes make its checkout differ from its blob (CRLF line
+    /// ends). The commit's id.
+    pub(in crate::git) fn mirror_with_a_commit(mirror: &Path) -> String {
         let repo = Repository::init_bare(mirror).unwrap();
         let mut tree = repo.treebuilder(None).unwrap();
         for (name, body, mode) in [

@@ -308,36 +308,19 @@ fn job_worktree(
         Files::Shared(dir) => (dir, true, false),
         Files::Layered(dir) => (dir, false, true),
     };
+    let pending = PendingGitDir::new(mirror.to_path_buf(), checkout.join("git/index"));
     Ok(Worktree {
-        dir,
-        git_dir: dest.join("git"),
-        base: oid,
-        head: std::sync::Arc::new(std::sync::Mutex::new(oid)),
         shared,
         layered,
-        pending_git: Some(std::sync::Arc::new(PendingGitDir::new(
-            mirror.to_path_buf(),
-            checkout.join("git/index"),
-        ))),
+        ..Worktree::with_pending_git(dir, dest.join("git"), oid, pending)
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::own_checkout::tests::mirror_with_a_commit;
     use super::*;
-    use git2::{Repository, Signature, Time};
-
-    /// A bare mirror holding one commit of `file.txt`; its id.
-    fn mirror_with_a_commit(mirror: &Path) -> String {
-        let repo = Repository::init_bare(mirror).unwrap();
-        let blob = repo.blob(b"hello\n").unwrap();
-        let mut tree = repo.treebuilder(None).unwrap();
-        tree.insert("file.txt", blob, 0o100644).unwrap();
-        let tree = repo.find_tree(tree.write().unwrap()).unwrap();
-        let sig = Signature::new("t", "t@localhost", &Time::new(0, 0)).unwrap();
-        let oid = repo.commit(None, &sig, &sig, "one", &tree, &[]).unwrap();
-        oid.to_string()
-    }
+    use git2::Repository;
 
     #[test]
     fn a_job_on_a_shared_checkout_gets_its_git_directory_only_when_it_reads_git() {

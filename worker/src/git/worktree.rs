@@ -81,6 +81,25 @@ pub enum PickOutcome {
 }
 
 impl Worktree {
+    /// A job's worktree of `base` whose files are at `dir`, its git directory at `git_dir` made
+    /// on first read (`pending`); its own to change (a shared or layered one says so after).
+    pub(super) fn with_pending_git(
+        dir: PathBuf,
+        git_dir: PathBuf,
+        base: Oid,
+        pending: PendingGitDir,
+    ) -> Self {
+        Self {
+            dir,
+            git_dir,
+            base,
+            head: std::sync::Arc::new(std::sync::Mutex::new(base)),
+            shared: false,
+            layered: false,
+            pending_git: Some(std::sync::Arc::new(pending)),
+        }
+    }
+
     /// Runs `f` on this worktree on the blocking pool (libgit2 and walks of the worktree must
     /// not hold a runtime thread); a panic in `f` continues in the caller.
     pub async fn blocking<T: Send + 'static>(
