@@ -10,23 +10,30 @@
 #   a job's worktree of a 10,000-file repository               against `git clone --local`
 #   no-container throughput with 1, 2 and 4 workers            against the broker's limit
 #   (--with-100k) a 100,000-branch fan-out: the join, the coordinator's memory
+# and then the round trip and the overhead again with s3s-fs (a Rust S3 server,
+# scripts/lib/s3s.sh) in place of moto, the tests' Python one: what of those two figures is
+# the S3 server's.
 #
-# Usage: scripts/bench-all.sh [--quick] [--with-100k] [--no-write]
-#   --quick     smaller samples (a check that the whole thing runs; figures are noisier)
-#   --no-write  print the table only
+# Usage: scripts/bench-all.sh [--quick] [--with-100k] [--moto-only] [--no-write]
+#   --quick      smaller samples (a check that the whole thing runs; figures are noisier)
+#   --moto-only  skip the second S3 server (it is built from crates.io once, ~2.5 minutes)
+#   --no-write   print the table only
 # Each bench's JSON lines are kept in target/bench-all/results.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 command_line="scripts/bench-all.sh${*:+ $*}"
 
-quick=0 with_100k=0 write=1
+quick=0 with_100k=0 write=1 second_s3=1
+# a run already pointed at another S3 server has no second one to compare
+[ -z "${FLEET_TEST_S3_ENDPOINT:-}" ] || second_s3=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1; shift ;;
     --with-100k) with_100k=1; shift ;;
+    --moto-only) second_s3=0; shift ;;
     --no-write) write=0; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -70,8 +77,9 @@ keep() {
 
 # --- Celery: the chord (its best configuration here, prefork 4) and the single task ---
 . scripts/lib/celery.sh
+. scripts/lib/s3s.sh
 celery_venv
-trap 'celery_stop' EXIT
+trap 'celery_stop; s3s_stop' EXIT
 trap 'exit 130' INT TERM
 celery_start 4 || exit 1
 log "celery chord: n=1000"
@@ -109,6 +117,13 @@ wt_tmp="${TMPDIR:-/tmp}"
 log "worktree against git clone --local: files=$wt_files rounds=$wt_rounds (in $wt_tmp)"
 keep worktree env TMPDIR="$wt_tmp" "$root/target/release/fleet-bench" worktree \
   --files "$wt_files" --rounds "$wt_rounds"
+if [ "$second_s3" = 1 ]; then
+  s3s_start
+  log "on s3s-fs ($s3s_endpoint): round trips n=$rt_n, per-job overhead jobs=$jobs"
+  FLEET_TEST_S3_ENDPOINT="$s3s_endpoint" keep roundtrip-s3s bench roundtrip --n "$rt_n"
+  FLEET_TEST_S3_ENDPOINT="$s3s_endpoint" keep cycle-s3s bench --cycles 1 --jobs "$jobs"
+  s3s_stop
+fi
 if [ "$with_100k" = 1 ]; then
   log "a 100,000-branch fan-out"
   keep limit-100k bench limit --n 100000 --workers 2 --concurrency "$concurrency"

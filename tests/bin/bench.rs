@@ -23,6 +23,8 @@
 
 #[path = "bench_batch.rs"]
 mod bench_batch;
+#[path = "bench_cpu.rs"]
+mod bench_cpu;
 #[path = "bench_cycle.rs"]
 mod bench_cycle;
 #[path = "bench_hardened.rs"]

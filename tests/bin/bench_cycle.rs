@@ -213,6 +213,9 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
     };
     let http = reqwest::Client::new();
     let phases_before = worker_phases(&stack).await?;
+    let mut processes = crate::bench_cpu::fleet_processes(&stack);
+    processes.extend(crate::bench_cpu::docker_processes());
+    let meter = crate::bench_cpu::CpuMeter::start(processes);
     for i in 0..jobs {
         let t = Instant::now();
         let t0 = now();
@@ -243,6 +246,13 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         worker_rest.push(finished - started - c);
         to_seen.push(seen - finished);
     }
+    // The `fleet submit` processes are this bench's children; the rest is what the machine
+    // spent beyond every process named: Docker's shims and runc, the containers, the kernel.
+    let cpu_ms: std::collections::BTreeMap<String, f64> = meter
+        .seconds(Some("submit"), Some("rest"))
+        .into_iter()
+        .map(|(k, v)| (k, v * 1e3 / jobs as f64))
+        .collect();
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64 * 1e3;
     let means = (mean(&wall), mean(&container), mean(&overhead));
     let how = if warm == 0 {
@@ -276,6 +286,11 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
     for (phase, (n, ms)) in &phases {
         println!("| {phase} | {n} | {ms:.2} |");
     }
+    println!("\nwhere the machine's CPU went (`/proc`, ms per job; `rest`: Docker's shims and runc, the containers, the kernel):\n");
+    println!("| process | ms CPU per job |\n|---|---|");
+    for (name, ms) in &cpu_ms {
+        println!("| {name} | {ms:.1} |");
+    }
     if warm > 0 {
         let (mut handed, mut cold) = (0.0, 0.0);
         for w in stack.worker_ids() {
@@ -306,7 +321,7 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
             "parts_ms": {"submit_process": mean(&cli), "to_job_start": mean(&to_start),
                 "worker_outside_container": mean(&worker_rest), "end_to_seen": mean(&to_seen)},
             "worker_phases_ms": phases.iter().map(|(p, (_, ms))| (p.to_string(), serde_json::json!(ms))).collect::<serde_json::Map<_, _>>(),
-            "parallel_jobs_per_second": jobs as f64 / total})
+            "cpu_ms_per_job": cpu_ms, "parallel_jobs_per_second": jobs as f64 / total})
     );
     Ok(())
 }

@@ -14,6 +14,7 @@
 //!
 //! Usage: fleet-bench limit [--n N] [--prefetch P] [--workers W] [--concurrency C]
 
+use crate::bench_cpu::{fleet_processes, peak_rss_mib, CpuMeter};
 use fleet_tests::stack::{make_calc_repo, workspace_root, Stack, AMQP_URL, REDIS_URL};
 use futures::StreamExt;
 use lapin::options::{
@@ -211,37 +212,6 @@ async fn redis_limit(n: usize) -> anyhow::Result<f64> {
     Ok(n as f64 / secs)
 }
 
-/// CPU seconds (user + system) a process has used so far.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
-}
-
-/// The process's peak resident memory (`VmHWM` in `/proc/<pid>/status`), in MiB.
-fn peak_rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
-fn pids_of(name: &str) -> Vec<u32> {
-    std::process::Command::new("pgrep")
-        .args(["-x", name])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 pub async fn run(o: Options) -> anyhow::Result<()> {
     let broker = broker_limit(o.n, o.prefetch).await?;
     eprintln!("broker limit: {broker:.0} jobs/s");
@@ -262,31 +232,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
     let input = stack.dir.path().join("fan.json");
     let items: Vec<usize> = (0..o.n).collect();
     std::fs::write(&input, serde_json::to_vec(&json!({"items": items}))?)?;
-    let mut processes: Vec<(String, u32)> = Vec::new();
-    if let Some(pid) = stack.coordinator_pid() {
-        processes.push(("coordinator".into(), pid));
-    }
-    for pid in stack.extra_coordinator_pids() {
-        processes.push(("coordinator".into(), pid));
-    }
-    for pid in stack.worker_pids() {
-        processes.push(("worker".into(), pid));
-    }
-    for pid in pids_of("beam.smp") {
-        processes.push(("rabbitmq".into(), pid));
-    }
-    for pid in pids_of("redis-server") {
-        processes.push(("redis".into(), pid));
-    }
-    // The S3 servers: the one `scripts/provision.sh` starts (moto, one Python process), and
-    // s3s-fs when a benchmark runs on it (`scripts/lib/s3s.sh`); the idle one adds nothing.
-    for pid in pids_of("moto_server").into_iter().chain(pids_of("s3s-fs")) {
-        processes.push(("s3".into(), pid));
-    }
-    let before: Vec<f64> = processes
-        .iter()
-        .map(|(_, p)| cpu_seconds(*p).unwrap_or(0.0))
-        .collect();
+    let meter = CpuMeter::start(fleet_processes(&stack));
     let run = fleet_tests::submit::submit_with_script(
         &stack,
         Path::new(&graph),
@@ -309,10 +255,7 @@ pub async fn run(o: Options) -> anyhow::Result<()> {
             .unwrap_or(0.0)
     };
     let run_secs = secs("finished_at") - secs("created_at");
-    let mut cpu: std::collections::BTreeMap<String, f64> = Default::default();
-    for ((name, pid), b) in processes.iter().zip(before) {
-        *cpu.entry(name.clone()).or_default() += cpu_seconds(*pid).unwrap_or(b) - b;
-    }
+    let cpu = meter.seconds(None, None);
     // Where the coordinator's time went, phase by phase of its group commits.
     let text = reqwest::get(format!("{}/metrics", stack.server))
         .await?
