@@ -64,10 +64,14 @@ pub(super) struct MirrorMark {
     commit: String,
     snapshot_bytes: usize,
     delta_bytes: usize,
-    /// `Some(wrote_deltas)` when this coordinator made every write of the run's mirror since
-    /// its creation (none by another coordinator, no restore), `None` when it cannot tell.
-    history: Option<bool>,
+    /// The keys of the deltas it wrote, when this coordinator made every write of the run's
+    /// mirror since its creation (none by another coordinator, no restore) and they are at
+    /// most [`KNOWN_DELTAS`]; `None` when it cannot tell.
+    history: Option<Vec<String>>,
 }
+
+/// The most delta keys a mirror mark keeps: a run that wrote more has them listed when it ends.
+const KNOWN_DELTAS: usize = 64;
 
 /// The deltas that follow `from`, in order: each one's `prev` is the one before's `id`. A delta
 /// of another history (the store rolled back past it) does not link and ends the chain.
@@ -101,7 +105,7 @@ impl Coordinator {
         delta: &str,
     ) -> Result<(), DriverError> {
         let mark = self.mark_of(&state.run_id).filter(|m| m.commit == prev);
-        let history = mark.as_ref().and_then(|m| m.history);
+        let history = mark.as_ref().and_then(|m| m.history.clone());
         let linked = mark
             .as_ref()
             .is_some_and(|m| m.delta_bytes < m.snapshot_bytes);
@@ -110,14 +114,18 @@ impl Coordinator {
         }
         let bytes = delta.as_bytes().to_vec();
         let size = bytes.len();
-        self.blobs
-            .put(&delta_key(&state.run_id, prev), bytes)
-            .await?;
+        let key = delta_key(&state.run_id, prev);
+        self.blobs.put(&key, bytes).await?;
         self.count_write("delta", size);
         let mut mark = mark.unwrap_or_default();
         mark.commit = state.commit.clone();
         mark.delta_bytes += size;
-        mark.history = history.map(|_| true);
+        mark.history = history
+            .map(|mut keys| {
+                keys.push(key);
+                keys
+            })
+            .filter(|keys| keys.len() <= KNOWN_DELTAS);
         self.set_mark(&state.run_id, mark);
         Ok(())
     }
@@ -129,16 +137,17 @@ impl Coordinator {
 
     /// The snapshot a run's creation writes: the start of a history this coordinator knows.
     pub(super) async fn first_snapshot(&self, state: &RunState) -> Result<(), DriverError> {
-        self.write_snapshot(state, Some(false)).await
+        self.write_snapshot(state, Some(Vec::new())).await
     }
 
     /// Writes the snapshot; `history` is what this coordinator knows of the writes before it
-    /// (`MirrorMark::history`). A finished run's deltas are removed unless it knows there are
-    /// none (a listing less on the object store for every run that ends).
+    /// (`MirrorMark::history`). A finished run's deltas are removed: those it knows it wrote,
+    /// else all that a listing finds (a listing less on the object store for every run that
+    /// ends on the coordinator that created it).
     async fn write_snapshot(
         &self,
         state: &RunState,
-        history: Option<bool>,
+        history: Option<Vec<String>>,
     ) -> Result<(), DriverError> {
         let bytes = serde_json::to_vec(state).expect("serializable state");
         let size = bytes.len();
@@ -150,21 +159,18 @@ impl Coordinator {
                 commit: state.commit.clone(),
                 snapshot_bytes: size,
                 delta_bytes: 0,
-                history,
+                history: history.clone(),
             },
         );
         if state.status.is_terminal() && state.pending_jobs().next().is_none() {
             // Housekeeping, off the commit's path (the snapshot is what makes the end
             // durable): what it leaves behind is harmless.
             let (blobs, run) = (self.blobs.clone(), state.run_id.clone());
-            let deltas_may_exist = history != Some(false);
             tokio::spawn(async move {
                 if let Err(e) = blobs.delete(&active_key(&run)).await {
                     warn!(run = %run, error = %e, "could not unlist a finished run; the sweep will look at it again");
                 }
-                if deltas_may_exist {
-                    drop_deltas(&blobs, &run).await;
-                }
+                drop_deltas(&blobs, &run, history).await;
             });
         }
         Ok(())
@@ -367,13 +373,18 @@ impl Coordinator {
 
 /// Removes a finished run's deltas (its snapshot holds them all); one left behind is harmless,
 /// as no chain reaches it.
-async fn drop_deltas(blobs: &Blobs, run: &RunId) {
-    let keys = match blobs.list(&deltas_prefix(run)).await {
-        Ok(keys) => keys,
-        Err(e) => {
-            warn!(run = %run, error = %e, "could not list a finished run's deltas");
-            return;
-        }
+/// Removes a finished run's deltas: `known`, the keys this coordinator wrote when it made every
+/// write of the mirror, else every key a listing finds.
+async fn drop_deltas(blobs: &Blobs, run: &RunId, known: Option<Vec<String>>) {
+    let keys = match known {
+        Some(keys) => keys,
+        None => match blobs.list(&deltas_prefix(run)).await {
+            Ok(keys) => keys,
+            Err(e) => {
+                warn!(run = %run, error = %e, "could not list a finished run's deltas");
+                return;
+            }
+        },
     };
     for key in keys {
         if let Err(e) = blobs.delete(&key).await {

@@ -8,9 +8,11 @@
 //! - `delivery.rs`: what at-least-once delivery and restarts bring: a duplicate result, a
 //!   result of a superseded attempt, the watchdog's re-issue, cancel with late results, and a
 //!   second coordinator finishing a run the first left mid-way;
-//! - `stored.rs`: a run stored as a snapshot and deltas, replayed; forged deltas refused.
+//! - `stored.rs`: a run stored as a snapshot and deltas, replayed; forged deltas refused;
+//! - `mirrored.rs`: a finished run's deltas removed from its mirror, by key or by a listing.
 
 mod cluster;
 mod delivery;
+mod mirrored;
 mod runs;
 mod stored;
