@@ -53,6 +53,17 @@ pub(super) enum Answer {
 /// The test's closure: the answer to each job the worker takes.
 pub(super) type Answerer = Arc<dyn Fn(&JobSpec) -> Answer + Send + Sync>;
 
+/// Three no-op nodes in a row and an exit that succeeds when all three did.
+pub(super) const CHAIN: &str = r#"
+name: chain
+start: a
+nodes:
+  a: {kind: harness, op: noop, routes: [{to: b}]}
+  b: {kind: harness, op: noop, routes: [{to: c}]}
+  c: {kind: harness, op: noop, routes: [{to: done}]}
+  done: {kind: exit, status: a.ok and b.ok and c.ok}
+"#;
+
 /// The result of `spec` with `status` and `output`, as a worker reports it (an error message
 /// unless it is ok).
 pub(super) fn result(spec: &JobSpec, status: JobStatus, output: Value) -> JobResult {

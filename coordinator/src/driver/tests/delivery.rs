@@ -2,7 +2,7 @@
 //! result of a superseded attempt, the watchdog's re-issue, cancel with a late result, and a
 //! second coordinator finishing a run the first left mid-way.
 
-use super::cluster::{echo, history, ok, result, start_run, Answer, Cluster};
+use super::cluster::{echo, history, ok, result, start_run, Answer, Cluster, CHAIN};
 use chrono::TimeDelta;
 use serde_json::json;
 use shared::engine::{Applied, Event, JobState, RunStatus};
@@ -217,16 +217,6 @@ async fn cancel_stops_a_running_run_and_a_later_result_changes_nothing() {
     assert_eq!(c.finished("cancelled"), 1);
 }
 
-const THREE: &str = r#"
-name: three
-start: a
-nodes:
-  a: {kind: harness, op: noop, routes: [{to: b}]}
-  b: {kind: harness, op: noop, routes: [{to: c}]}
-  c: {kind: harness, op: noop, routes: [{to: done}]}
-  done: {kind: exit, status: a.ok and b.ok and c.ok}
-"#;
-
 #[tokio::test]
 async fn a_second_coordinator_finishes_a_run_the_first_left_mid_way() {
     let cluster = Cluster::new(|spec: &JobSpec| match spec.node.as_str() {
@@ -234,7 +224,7 @@ async fn a_second_coordinator_finishes_a_run_the_first_left_mid_way() {
         _ => ok(spec),
     });
     let first = cluster.coordinator("coord-1");
-    let run = start_run(&first.coord, THREE, json!({})).await;
+    let run = start_run(&first.coord, CHAIN, json!({})).await;
     let b = cluster.held("b").await;
     let first_coord = first.coord.clone();
     first.stop().await;

@@ -3,22 +3,12 @@
 //! without listing the folder; one that cannot tell (another coordinator, a restart, a
 //! restore) lists it and removes whatever is there.
 
-use super::cluster::{echo, ok, result, start_run, Answer, Cluster};
+use super::cluster::{echo, ok, result, start_run, Answer, Cluster, CHAIN};
 use serde_json::json;
 use shared::ids::RunId;
 use shared::messages::{JobSpec, JobStatus};
 use std::time::Duration;
 use worker::blobs::Blobs;
-
-const CHAIN: &str = r#"
-name: chain
-start: a
-nodes:
-  a: {kind: harness, op: noop, routes: [{to: b}]}
-  b: {kind: harness, op: noop, routes: [{to: c}]}
-  c: {kind: harness, op: noop, routes: [{to: done}]}
-  done: {kind: exit, status: a.ok and b.ok and c.ok}
-"#;
 
 /// A cluster whose worker holds `c`'s job, and the run started on coordinator `c1`, its
 /// deltas listed once `c` is held, and a stray key put among them: a delta this coordinator

@@ -1,22 +1,12 @@
 //! Runs to their end on the cluster: a chain, a fan-out meeting at its join, a failure routed
 //! by the graph, and approvals approved and rejected.
 
-use super::cluster::{history, ok, result, result_file, start_run, Answer, Cluster, WORKER};
+use super::cluster::{history, ok, result, result_file, start_run, Answer, Cluster, CHAIN, WORKER};
 use serde_json::json;
 use shared::engine::{Applied, JobState, RunStatus};
 use shared::ids::NodeId;
 use shared::messages::{JobSpec, JobStatus, INLINE_LIMIT};
 use std::collections::BTreeSet;
-
-const CHAIN: &str = r#"
-name: chain
-start: a
-nodes:
-  a: {kind: harness, op: noop, routes: [{to: b}]}
-  b: {kind: harness, op: noop, routes: [{to: c}]}
-  c: {kind: harness, op: noop, routes: [{to: done}]}
-  done: {kind: exit, status: a.ok and b.ok and c.ok}
-"#;
 
 #[tokio::test]
 async fn a_chain_of_noop_nodes_runs_to_succeeded_with_one_outcome_per_node() {
