@@ -215,6 +215,7 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
     let phases_before = worker_phases(&stack).await?;
     let mut processes = crate::bench_cpu::fleet_processes(&stack);
     processes.extend(crate::bench_cpu::docker_processes());
+    processes.push(("bench".into(), std::process::id()));
     let meter = crate::bench_cpu::CpuMeter::start(processes);
     for i in 0..jobs {
         let t = Instant::now();
@@ -246,8 +247,9 @@ async fn per_job(jobs: usize, warm: usize) -> anyhow::Result<()> {
         worker_rest.push(finished - started - c);
         to_seen.push(seen - finished);
     }
-    // The `fleet submit` processes are this bench's children; the rest is what the machine
-    // spent beyond every process named: Docker's shims and runc, the containers, the kernel.
+    // The `fleet submit` processes are this bench's children (`bench` is its own HTTP reads);
+    // the rest is what the machine spent beyond every process named: Docker's shims and runc,
+    // the containers, the kernel.
     let cpu_ms: std::collections::BTreeMap<String, f64> = meter
         .seconds(Some("submit"), Some("rest"))
         .into_iter()
