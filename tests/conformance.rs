@@ -50,7 +50,8 @@ mod broker_on_rabbitmq {
         let ns = unique_namespace("conf-q");
         let broker = RabbitBroker::connect(AMQP_URL, &ns)
             .await
-            .expect("rabbitmq at 127.0.0.1:5672 (scripts/provision.sh)");
+            .expect("rabbitmq at 127.0.0.1:5672 (scripts/provision.sh)")
+            .with_affinity_wait(Some(std::time::Duration::from_secs(1)));
         Fresh { broker, ns }
     }
 
@@ -73,6 +74,8 @@ mod broker_on_rabbitmq {
         queues_are_separate,
         a_consumer_that_goes_away_loses_no_message,
         broadcast_reaches_every_listener,
+        jobs_of_a_held_image_go_to_its_holders,
+        a_job_its_holders_leave_goes_on_to_the_jobs_queue,
     );
 }
 

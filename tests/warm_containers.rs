@@ -2,7 +2,9 @@
 //! kind run in containers started before they were submitted, each container serves one job
 //! only (nothing a job leaves in its container reaches the next), a read-only worktree stays
 //! read-only, and the pool's containers do not outlive their worker: drained when it stops,
-//! reaped when it was killed. (The step cache is off: every probe must run.)
+//! reaped when it was killed. A worker whose disks are low removes the images no container uses
+//! and no tag names, and no other. With image affinity, jobs of an image go to the worker that
+//! holds it, and to another once it is gone. (The step cache is off: every probe must run.)
 
 use fleet_tests::stack::{containers, Stack};
 use fleet_tests::submit::git_repo;
@@ -40,6 +42,8 @@ struct Probe {
     tmp: String,
     file: String,
     wrote: bool,
+    /// The worker that ran it.
+    worker: String,
 }
 
 async fn probe(stack: &Stack, graph: &str, repo: &str) -> anyhow::Result<Probe> {
@@ -74,6 +78,11 @@ async fn probe(stack: &Stack, graph: &str, repo: &str) -> anyhow::Result<Probe> 
         tmp: field("tmp"),
         file: field("file"),
         wrote: stdout.lines().any(|l| l == "wrote"),
+        worker: (status["jobs"].as_array().into_iter().flatten())
+            .find(|j| j["node"] == "probe")
+            .and_then(|j| j["worker"].as_str())
+            .unwrap_or_default()
+            .to_string(),
     })
 }
 
@@ -184,5 +193,168 @@ async fn warm_containers_serve_one_job_each_and_go_with_their_worker() -> anyhow
     .await?;
     let again = probe(&stack, &graph, &repo).await?;
     assert_eq!(again.file, secret);
+    Ok(())
+}
+
+/// `docker` with `args`; its standard output, trimmed.
+fn docker(args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("docker").args(args).output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+/// Imports an image of one file holding `content` under `tag`; returns its id.
+fn import(dir: &Path, tag: &str, content: &str) -> anyhow::Result<String> {
+    let root = dir.join(format!("rootfs-{content}"));
+    std::fs::create_dir_all(&root)?;
+    std::fs::write(root.join("content.txt"), content)?;
+    let tar = dir.join(format!("{content}.tar"));
+    let made = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()?;
+    anyhow::ensure!(made.success(), "tar failed");
+    docker(&["import", &tar.display().to_string(), tag])
+}
+
+fn image_exists(id: &str) -> bool {
+    docker(&["image", "inspect", "--format", "{{.Id}}", id]).is_ok()
+}
+
+/// A worker whose disks are low removes the images no container uses and no tag names (what a
+/// rebuilt tag leaves behind), at most once a minute, and never an image a tag names or a
+/// container uses: no registry would bring it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_disk_is_low_removes_unused_untagged_images_only() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let name = format!("fleet-prune-probe-{}", std::process::id());
+    let (kept, used) = (format!("{name}:kept"), format!("{name}:used"));
+    // A tag rebuilt: its first image is untagged and unused.
+    let replaced = import(dir.path(), &kept, "replaced")?;
+    let current = import(dir.path(), &kept, "current")?;
+    // Another rebuilt while a container (created, never started) uses its first image.
+    let in_use = import(dir.path(), &used, "in-use")?;
+    let holder = docker(&[
+        "create",
+        "--label",
+        "fleet.test=prune",
+        &used,
+        "/content.txt",
+    ])?;
+    import(dir.path(), &used, "used-current")?;
+    assert!(image_exists(&replaced) && image_exists(&in_use));
+
+    let low = [
+        ("FLEET_STEP_CACHE", "off"),
+        ("FLEET_DISK_LOW_WATER_MB", "1000000000"),
+    ];
+    let stack = Stack::start_with("imgprune", 1, 1, &low).await?;
+    let worker = stack.worker_ids()[0].clone();
+    let g = stack.dir.path().join("g");
+    std::fs::create_dir_all(&g)?;
+    std::fs::write(g.join("graph.yaml"), GRAPH)?;
+    let graph = g.join("graph.yaml").display().to_string();
+    let repo = repo(stack.dir.path(), "pruned")?;
+    let pruned = || {
+        stack.worker_metric(
+            &worker,
+            "fleet_worker_disk_pressure_evictions_total",
+            &[("what", "image")],
+        )
+    };
+
+    let first = probe(&stack, &graph, &repo).await?;
+    assert_eq!(first.file, "pruned", "the job ran on the low disk");
+    assert!(
+        !image_exists(&replaced),
+        "the rebuilt tag's old image is gone"
+    );
+    assert!(image_exists(&current), "a tagged image stays");
+    assert!(image_exists(&in_use), "an image a container uses stays");
+    assert!(image_exists("fleet-agent-py:1"), "the job's image stays");
+    let after_first = pruned().await?;
+    assert!(after_first >= 1.0, "counted: {after_first}");
+
+    // Within the minute, the next job leaves a newly untagged image for the next prune.
+    import(dir.path(), &kept, "newer")?;
+    let tags = docker(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{len .RepoTags}}",
+        &current,
+    ])?;
+    assert_eq!(tags, "0", "the image it replaced is untagged now");
+    let second = probe(&stack, &graph, &repo).await?;
+    assert_eq!(second.file, "pruned");
+    assert!(image_exists(&current), "no second prune within a minute");
+    assert_eq!(pruned().await?, after_first);
+
+    docker(&["rm", &holder])?;
+    for image in [kept.as_str(), used.as_str(), &current, &in_use] {
+        let _ = docker(&["rmi", image]);
+    }
+    Ok(())
+}
+
+/// Image affinity (`FLEET_IMAGE_AFFINITY_WAIT_MS`): once a worker has run a container of an
+/// image, that image's jobs go to it while another worker is idle beside it; when it has gone,
+/// a job of the image waits out the affinity wait and then runs on the other one, which holds
+/// the image from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_an_image_go_to_the_worker_that_holds_it_and_to_another_when_it_is_gone(
+) -> anyhow::Result<()> {
+    let mut stack = Stack::start_with(
+        "affinity",
+        2,
+        1,
+        &[
+            ("FLEET_STEP_CACHE", "off"),
+            ("FLEET_IMAGE_AFFINITY_WAIT_MS", "3000"),
+        ],
+    )
+    .await?;
+    let workers = stack.worker_ids();
+    let g = stack.dir.path().join("g");
+    std::fs::create_dir_all(&g)?;
+    std::fs::write(g.join("graph.yaml"), GRAPH)?;
+    let graph = g.join("graph.yaml").display().to_string();
+    let repo = repo(stack.dir.path(), "affine")?;
+
+    // The first job goes to either worker (neither holds the image yet).
+    let holder = probe(&stack, &graph, &repo).await?.worker;
+    anyhow::ensure!(workers.contains(&holder), "ran on {holder:?}");
+    let other = workers
+        .iter()
+        .find(|w| **w != holder)
+        .cloned()
+        .unwrap_or_default();
+    // Without affinity two idle consumers of one queue share its jobs; with it, the holder
+    // takes every one.
+    let mut ran = Vec::new();
+    for _ in 0..6 {
+        ran.push(probe(&stack, &graph, &repo).await?.worker);
+    }
+    assert_eq!(
+        ran,
+        vec![holder.clone(); 6],
+        "every job of the image on its holder"
+    );
+
+    // The holder stops: its image's queue has no consumer, and a job of the image goes on to
+    // the other worker once the wait is over.
+    stack.stop_worker(&holder)?;
+    let p = probe(&stack, &graph, &repo).await?;
+    assert_eq!(p.file, "affine");
+    assert_eq!(p.worker, other, "the job its holder left");
+    // It holds the image now: the next ones are its own.
+    assert_eq!(probe(&stack, &graph, &repo).await?.worker, other);
     Ok(())
 }

@@ -42,6 +42,10 @@ pub struct JobEnvelope {
     /// The team whose run the job is of (its `concurrent_jobs` limit holds the job back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
+    /// The image the job's container runs (`JobSpec::image`): the job goes first to the
+    /// workers that hold it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// On the results queue: a job's start notice or its result, tagged by `kind` (`started`,

@@ -805,6 +805,16 @@ pub fn delete_queues(ns: &str) {
                         .queue_delete(&format!("{ns}.{suffix}"), Default::default())
                         .await;
                 }
+                // The queues of the images the tests' workers may hold, and the routing.
+                for image in ["fleet-agent-py:1", "fleet-agent-hs:1", "held:1", "left:1"] {
+                    let queue = worker::queue::ImageKey::of(image).queue(&ns);
+                    let _ = ch.queue_delete(&queue, Default::default()).await;
+                }
+                for exchange in ["jobs.images", "jobs.any"] {
+                    let _ = ch
+                        .exchange_delete(&format!("{ns}.{exchange}"), Default::default())
+                        .await;
+                }
             }
             let _ = conn.close(200, "test done").await;
         });

@@ -1,7 +1,8 @@
 //! The in-process broker of the embedded mode: unbounded channels, settled in memory. It keeps
 //! the queue port's contract (see `queue::conformance`): a requeue comes back with its
 //! delivery count raised, a rejected job goes to the dead jobs, and so does a job requeued past
-//! the delivery limit, as RabbitMQ's quorum queue does.
+//! the delivery limit, as RabbitMQ's quorum queue does. It has no image queues (one process
+//! holds every image it runs): every job goes through the jobs queue.
 
 use crate::queue::{Acker, Broker, Incoming, QueueName, DELIVERY_LIMIT};
 use async_trait::async_trait;
@@ -197,6 +198,14 @@ mod tests {
     #[tokio::test]
     async fn a_consumer_that_goes_away_loses_no_message() {
         c::a_consumer_that_goes_away_loses_no_message(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn jobs_of_a_held_image_go_to_its_holders() {
+        c::jobs_of_a_held_image_go_to_its_holders(&MemoryBroker::default()).await;
+    }
+    #[tokio::test]
+    async fn a_job_its_holders_leave_goes_on_to_the_jobs_queue() {
+        c::a_job_its_holders_leave_goes_on_to_the_jobs_queue(&MemoryBroker::default()).await;
     }
     #[tokio::test]
     async fn broadcast_reaches_every_listener() {

@@ -196,7 +196,7 @@ impl Metrics {
         let disk_pressure_evictions = IntCounterVec::new(
             Opts::new(
                 "fleet_worker_disk_pressure_evictions_total",
-                "what the worker removed because its work folder's disk was low (checkout: an idle shared checkout; mirror: the git mirror's packs, when no job held it; job_dir: a job folder no running execution owned)",
+                "what the worker removed because its work folder's disk was low (checkout: an idle shared checkout; mirror: the git mirror's packs, when no job held it; job_dir: a job folder no running execution owned; image: an image no container used and no tag named, when the image store's disk was low)",
             ),
             &["what"],
         )

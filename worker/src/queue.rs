@@ -24,6 +24,36 @@ impl QueueName {
     }
 }
 
+/// The affinity key of a container image: jobs of the image go first to the workers that hold
+/// it (have run a job of it), through the image's own queue. The first 16 hex digits of the
+/// sha256 of the image's reference, so any reference makes a safe queue name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ImageKey(String);
+
+impl ImageKey {
+    pub fn of(image: &str) -> Self {
+        Self(shared::hashing::sha256_hex(image.as_bytes())[..16].to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The image's queue in `namespace`.
+    pub fn queue(&self, namespace: &str) -> String {
+        format!("{namespace}.jobs.image.{}", self.0)
+    }
+}
+
+/// A job to publish: its envelope, its message id, and the image it runs in (none for a job
+/// that runs no container).
+#[derive(Clone, Debug)]
+pub struct JobMessage {
+    pub body: Vec<u8>,
+    pub id: String,
+    pub image: Option<ImageKey>,
+}
+
 /// Deliveries of one job before the broker dead-letters it (a worker killed mid-job counts):
 /// the jobs queue's delivery limit, the same in every adapter.
 pub const DELIVERY_LIMIT: u32 = 5;
@@ -82,6 +112,24 @@ pub trait Broker: Send + Sync {
             self.publish(queue, body, id).await?;
         }
         Ok(())
+    }
+
+    /// Publishes jobs, each to the queue of its image when a worker holds the image (has
+    /// subscribed to it), else to the jobs queue; then waits for every confirm. A broker
+    /// without image queues publishes them all to the jobs queue.
+    async fn publish_jobs(&self, jobs: &[JobMessage]) -> Result<(), PortError> {
+        let plain: Vec<(Vec<u8>, String)> = (jobs.iter())
+            .map(|j| (j.body.clone(), j.id.clone()))
+            .collect();
+        self.publish_many(QueueName::Jobs, &plain).await
+    }
+
+    /// Consumes the queue of `image`'s jobs (this worker holds the image), at most `prefetch`
+    /// unacknowledged; a job no subscriber takes within the broker's affinity wait goes on to
+    /// the jobs queue. None when this broker has no image queues (one process, or turned off).
+    fn subscribe_image(&self, image: &ImageKey, prefetch: u16) -> Option<mpsc::Receiver<Incoming>> {
+        let _ = (image, prefetch);
+        None
     }
 
     /// Sends a control message to every worker listening now (not persisted: best effort).
@@ -244,6 +292,114 @@ pub mod conformance {
         let m = next(&mut results, "second result").await;
         m.reject().await.unwrap();
         nothing(&mut results, "a rejected result").await;
+    }
+
+    fn job(body: &str, image: Option<&str>) -> super::JobMessage {
+        super::JobMessage {
+            body: body.as_bytes().to_vec(),
+            id: body.to_string(),
+            image: image.map(super::ImageKey::of),
+        }
+    }
+
+    /// Jobs of an image go to the subscribers of its queue when there are any; jobs of an
+    /// image nobody holds, and jobs without one, go to the jobs queue. A broker without image
+    /// queues delivers every job through the jobs queue: nothing is lost either way.
+    pub async fn jobs_of_a_held_image_go_to_its_holders(b: &dyn Broker) {
+        let held = super::ImageKey::of("held:1");
+        let mut jobs = b.subscribe(QueueName::Jobs, 8);
+        let image = b.subscribe_image(&held, 8);
+        // Once the image queue is bound, a job of it is routed there (a subscription binds
+        // its queue before its first delivery: a warm-up job tells when).
+        let mut image = match image {
+            Some(mut rx) => {
+                for tries in 1.. {
+                    assert!(
+                        tries <= 100,
+                        "no job of the image reached its queue's subscriber"
+                    );
+                    b.publish_jobs(&[job("warm-up", Some("held:1"))])
+                        .await
+                        .unwrap();
+                    tokio::select! {
+                        m = rx.recv() => { m.expect("image subscription").ack().await.unwrap(); break; }
+                        m = jobs.recv() => { m.expect("jobs subscription").ack().await.unwrap(); }
+                    }
+                }
+                Some(rx)
+            }
+            None => None,
+        };
+        b.publish_jobs(&[
+            job("of-held", Some("held:1")),
+            job("of-other", Some("other:1")),
+            job("no-image", None),
+        ])
+        .await
+        .unwrap();
+        let mut general = Vec::new();
+        if let Some(rx) = image.as_mut() {
+            let m = next(rx, "the held image's job").await;
+            assert_eq!(m.body, b"of-held");
+            m.ack().await.unwrap();
+            nothing(rx, "only the held image's job").await;
+        } else {
+            general.push("of-held".to_string());
+        }
+        general.extend(["of-other".to_string(), "no-image".to_string()]);
+        let mut got = Vec::new();
+        for _ in 0..general.len() {
+            let m = next(&mut jobs, "a job through the jobs queue").await;
+            got.push(String::from_utf8_lossy(&m.body).into_owned());
+            m.ack().await.unwrap();
+        }
+        got.sort();
+        general.sort();
+        assert_eq!(got, general);
+        nothing(&mut jobs, "each job once").await;
+    }
+
+    /// A job of a held image that its holders leave (none takes it, or one that took it went
+    /// away unsettled) goes on to the jobs queue once the affinity wait is over.
+    pub async fn a_job_its_holders_leave_goes_on_to_the_jobs_queue(b: &dyn Broker) {
+        let held = super::ImageKey::of("left:1");
+        let Some(mut image) = b.subscribe_image(&held, 1) else {
+            return;
+        };
+        let mut jobs = b.subscribe(QueueName::Jobs, 8);
+        for tries in 1.. {
+            assert!(
+                tries <= 100,
+                "no job of the image reached its queue's subscriber"
+            );
+            b.publish_jobs(&[job("warm-up", Some("left:1"))])
+                .await
+                .unwrap();
+            tokio::select! {
+                m = image.recv() => { m.expect("image subscription").ack().await.unwrap(); break; }
+                m = jobs.recv() => { m.expect("jobs subscription").ack().await.unwrap(); }
+            }
+        }
+        // Taken and never settled: the holder goes away with it.
+        b.publish_jobs(&[job("taken", Some("left:1"))])
+            .await
+            .unwrap();
+        let m = next(&mut image, "the holder takes it").await;
+        assert_eq!(m.body, b"taken");
+        drop(image);
+        drop(m);
+        b.publish_jobs(&[job("untaken", Some("left:1"))])
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let m = next(&mut jobs, "a job its holder left").await;
+            got.push(String::from_utf8_lossy(&m.body).into_owned());
+            m.ack().await.unwrap();
+        }
+        got.sort();
+        assert_eq!(got, ["taken", "untaken"]);
+        nothing(&mut jobs, "each once").await;
     }
 
     /// Control messages reach every listener that listens when they are sent (best effort:

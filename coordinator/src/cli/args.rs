@@ -94,6 +94,11 @@ pub struct WorkerArgs {
     /// handed to one job only (0: every container is created for its job).
     #[arg(long, env = "FLEET_WARM_CONTAINERS", default_value_t = 0)]
     pub warm_containers: usize,
+    /// Image affinity: once this worker has run a container of an image, it takes that image's
+    /// jobs first; a job no holder takes within this many milliseconds goes to any worker.
+    /// Every worker of a namespace that turns it on must give the same wait (0: off).
+    #[arg(long, env = "FLEET_IMAGE_AFFINITY_WAIT_MS", default_value_t = 0)]
+    pub image_affinity_wait_ms: u64,
 }
 
 #[derive(Args, Clone)]

@@ -186,7 +186,12 @@ pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
         .transpose()
         .map_err(|e| anyhow::anyhow!(e))?;
     config.llm.gate = Some(worker::quota::FleetGate::new(Arc::new(ledger), fleet_rate));
-    let broker = Arc::new(connect_broker(&a.backends, wait).await?);
+    let affinity = Duration::from_millis(a.image_affinity_wait_ms);
+    let broker = Arc::new(
+        connect_broker(&a.backends, wait)
+            .await?
+            .with_affinity_wait(Some(affinity)),
+    );
     let blobs = open_store(&a.backends, wait).await?;
     let metrics = worker::metrics::Metrics::new();
     let sandbox = match a.worker.sandbox {

@@ -237,6 +237,7 @@ impl Coordinator {
                     spec_ref,
                     spec: inline.map(Box::new),
                     team: spec.team.clone(),
+                    image: spec.image.clone(),
                 }));
             }
             self.run_messages(fx, &mut out).await?;

@@ -10,7 +10,23 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
-use worker::queue::QueueName;
+use worker::queue::{ImageKey, JobMessage, QueueName};
+
+/// What one publish of the relay sends: jobs (each to its image's holders when it has one and
+/// they exist) or run messages (to the results queue).
+enum Outgoing {
+    Jobs(Vec<JobMessage>),
+    Runs(Vec<(Vec<u8>, String)>),
+}
+
+impl Outgoing {
+    fn len(&self) -> usize {
+        match self {
+            Outgoing::Jobs(m) => m.len(),
+            Outgoing::Runs(m) => m.len(),
+        }
+    }
+}
 
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
 const RECOVER_EVERY: Duration = Duration::from_secs(5);
@@ -123,7 +139,11 @@ impl Coordinator {
             match serde_json::from_str::<OutboxMessage>(raw) {
                 Ok(OutboxMessage::Job(env)) => {
                     let body = serde_json::to_vec(&env).expect("envelope serializes");
-                    jobs.push((body, format!("{}.a{}", env.job_id, env.attempt)));
+                    jobs.push(JobMessage {
+                        body,
+                        id: format!("{}.a{}", env.job_id, env.attempt),
+                        image: env.image.as_deref().map(ImageKey::of),
+                    });
                 }
                 Ok(OutboxMessage::Run(msg)) => {
                     let body = serde_json::to_vec(&msg).expect("a run message serializes");
@@ -134,33 +154,32 @@ impl Coordinator {
                 Err(e) => error!(error = %e, "dropping a malformed outbox message"),
             }
         }
-        for (queue, messages) in [(QueueName::Jobs, jobs), (QueueName::Results, runs)] {
-            if !self.publish_confirmed(queue, messages, shutdown).await {
-                return false;
-            }
-        }
-        true
+        self.publish_confirmed(Outgoing::Jobs(jobs), shutdown).await
+            && self.publish_confirmed(Outgoing::Runs(runs), shutdown).await
     }
 
-    /// Publishes `messages` on `queue` and waits for every confirm, retrying until the broker
-    /// has them all. False when shut down first.
-    async fn publish_confirmed(
-        &self,
-        queue: QueueName,
-        messages: Vec<(Vec<u8>, String)>,
-        shutdown: &CancellationToken,
-    ) -> bool {
+    /// Publishes `messages` and waits for every confirm, retrying until the broker has them
+    /// all. False when shut down first.
+    async fn publish_confirmed(&self, messages: Outgoing, shutdown: &CancellationToken) -> bool {
         let mut delay = Duration::from_millis(250);
-        while !messages.is_empty() {
-            match self.broker.publish_many(queue, &messages).await {
+        let count = messages.len();
+        if count == 0 {
+            return true;
+        }
+        loop {
+            let sent = match &messages {
+                Outgoing::Jobs(jobs) => self.broker.publish_jobs(jobs).await,
+                Outgoing::Runs(runs) => self.broker.publish_many(QueueName::Results, runs).await,
+            };
+            match sent {
                 Ok(()) => {
-                    if queue == QueueName::Jobs {
-                        self.metrics.jobs_published.inc_by(messages.len() as u64);
+                    if let Outgoing::Jobs(_) = messages {
+                        self.metrics.jobs_published.inc_by(count as u64);
                     }
-                    break;
+                    return true;
                 }
                 Err(e) => {
-                    info!(error = %e, count = messages.len(), retry_in = ?delay, "publish failed; retrying");
+                    info!(error = %e, count, retry_in = ?delay, "publish failed; retrying");
                     tokio::select! {
                         _ = shutdown.cancelled() => return false,
                         _ = tokio::time::sleep(delay) => {}
@@ -169,6 +188,5 @@ impl Coordinator {
                 }
             }
         }
-        true
     }
 }

@@ -25,7 +25,7 @@ mod tests;
 pub(crate) use executions::{Admission, Delivery, Executions};
 
 use crate::metrics::JobPhase;
-use crate::queue::{Broker, Incoming, QueueName};
+use crate::queue::{Broker, ImageKey, Incoming, QueueName};
 use crate::runner::Runner;
 use shared::messages::{
     JobEnvelope, JobSpec, ResultEnvelope, ResultMessage, StartNotice, INLINE_LIMIT, WIRE_VERSION,
@@ -89,7 +89,25 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
     let concurrency = runner.config.concurrency.max(1);
     let permits = Arc::new(Semaphore::new(concurrency));
     let executions = Arc::new(Executions::default());
-    let mut jobs = broker.subscribe(QueueName::Jobs, concurrency as u16);
+    // Every queue this worker consumes feeds one inbox: the jobs queue, and the queue of each
+    // image it holds once it has started a container of it (image affinity).
+    let (inbox_tx, mut jobs) = tokio::sync::mpsc::channel::<Incoming>(1);
+    forward(
+        broker.subscribe(QueueName::Jobs, concurrency as u16),
+        inbox_tx.clone(),
+    );
+    if let Some(mut held) = runner.held_images() {
+        let (broker, worker) = (broker.clone(), runner.config.id.clone());
+        tokio::spawn(async move {
+            while let Some(image) = held.recv().await {
+                let key = ImageKey::of(&image);
+                if let Some(rx) = broker.subscribe_image(&key, concurrency as u16) {
+                    info!(worker = %worker, image = %image, key = key.as_str(), "holding an image: taking its jobs first");
+                    forward(rx, inbox_tx.clone());
+                }
+            }
+        });
+    }
     info!(worker = %runner.config.id, concurrency, sandbox = runner.sandbox.name(), "worker ready");
     loop {
         let permit = tokio::select! {
@@ -111,6 +129,20 @@ pub async fn serve(runner: Arc<Runner>, broker: Arc<dyn Broker>, shutdown: Cance
     // Wait for the jobs in hand (they settle the deliveries held for them).
     let _ = permits.acquire_many(concurrency as u32).await;
     info!(worker = %runner.config.id, "worker stopped");
+}
+
+/// Feeds `from`'s deliveries into the worker's inbox until either is gone.
+fn forward(
+    mut from: tokio::sync::mpsc::Receiver<Incoming>,
+    to: tokio::sync::mpsc::Sender<Incoming>,
+) {
+    tokio::spawn(async move {
+        while let Some(m) = from.recv().await {
+            if to.send(m).await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 async fn handle(runner: &Runner, broker: &dyn Broker, executions: &Executions, msg: Incoming) {

@@ -156,6 +156,7 @@ async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
         spec_ref: "blobs/unused".into(),
         spec: Some(Box::new(spec)),
         team: None,
+        image: None,
     })
     .unwrap();
     let broker = Arc::new(MemoryBroker::default());

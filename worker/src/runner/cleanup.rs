@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracing::warn;
 
 impl Runner {
-    fn jobs_dir(&self) -> PathBuf {
+    pub(super) fn jobs_dir(&self) -> PathBuf {
         self.config.work_dir.join("jobs")
     }
 
@@ -46,64 +46,6 @@ impl Runner {
             .with_label_values(&["stale"])
             .inc_by(removed as u64);
         removed
-    }
-}
-
-/// Under disk pressure, a job folder no running execution owns is removed once it is this old
-/// (not at once: an execution that started after the list of running ones was taken has a
-/// folder younger than this).
-const PRESSURE_MIN_AGE: Duration = Duration::from_secs(60);
-
-impl Runner {
-    /// When the work folder's file system has less free space than `resources.disk_low_water`,
-    /// removes what the worker keeps that no job is using: idle shared checkouts, the git mirror
-    /// when no job holds it (its packs are fetched again when needed), and job folders no
-    /// running execution owns older than a minute (not a day). Returns how many checkouts and
-    /// job folders went.
-    pub async fn relieve_disk_pressure(&self) -> (usize, usize) {
-        let Some(low) = self.resources.disk_low_water else {
-            return (0, 0);
-        };
-        let free = match crate::sandbox::disk::free_bytes(&self.config.work_dir) {
-            Ok(f) => f,
-            Err(e) => {
-                warn!(error = %e, "cannot read the work folder's free space");
-                return (0, 0);
-            }
-        };
-        if free >= low {
-            return (0, 0);
-        }
-        let checkouts = self.git.evict_idle_checkouts().await;
-        let mirror = match self.git.evict_idle_mirror().await {
-            Ok(emptied) => usize::from(emptied),
-            Err(e) => {
-                warn!(error = %e, "could not empty the idle git mirror");
-                0
-            }
-        };
-        let running: std::collections::HashSet<String> =
-            unpoisoned(&self.running).keys().cloned().collect();
-        let jobs = self.jobs_dir();
-        let dirs = crate::safe_fs::blocking(move || {
-            sweep_job_dirs(&jobs, |name, age| {
-                stale(name, age, &running, PRESSURE_MIN_AGE)
-            })
-        })
-        .await;
-        warn!(
-            free_bytes = free,
-            low_water_bytes = low,
-            checkouts,
-            mirror,
-            job_dirs = dirs,
-            "the work folder's disk is low: idle shared checkouts, the git mirror when no job holds it and unowned job folders removed"
-        );
-        let m = &self.metrics.disk_pressure_evictions;
-        m.with_label_values(&["checkout"]).inc_by(checkouts as u64);
-        m.with_label_values(&["mirror"]).inc_by(mirror as u64);
-        m.with_label_values(&["job_dir"]).inc_by(dirs as u64);
-        (checkouts, dirs)
     }
 }
 

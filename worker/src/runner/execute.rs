@@ -193,6 +193,7 @@ impl Runner {
             crate::faults::point("worker.before_container").await;
             match self.sandbox.start(&sandbox_spec).await {
                 Ok(s) => {
+                    self.holdings.hold(&sandbox_spec.image);
                     crate::faults::point("worker.mid_run").await;
                     Some(s)
                 }

@@ -20,17 +20,21 @@
 //! of an attempt. `execution.rs`: execution names, the job folder and registry guards, stops;
 //! `execute.rs`: worktree, container, the step under its timeout, stop and quota; `step.rs`: the
 //! node's step by kind; `commit.rs`: commit, write scope and pack out; `cleanup.rs`: sweeps of
-//! the jobs folder; `resources.rs`: quota and folder age from the environment; `results.rs`:
-//! results the runner makes itself; `error.rs`: `RunError` and `StartError`; `cache.rs`: the
+//! the jobs folder; `disk_pressure.rs`: what a low disk gives back (checkouts, the mirror, job
+//! folders, unused images); `resources.rs`: quota and folder age from the environment;
+//! `holdings.rs`: the images held here (a container of them started); `results.rs`: results
+//! the runner makes itself; `error.rs`: `RunError` and `StartError`; `cache.rs`: the
 //! step cache's lookups and keeps (`shared::step_cache`).
 
 mod cache;
 mod cleanup;
 mod commit;
+mod disk_pressure;
 mod error;
 mod evidence;
 mod execute;
 mod execution;
+mod holdings;
 mod incremental;
 mod preflight;
 mod resources;
@@ -40,6 +44,7 @@ mod step;
 mod tests;
 
 pub use cache::STEP_CACHE_ENV;
+pub use disk_pressure::Relieved;
 pub use error::{RunError, StartError};
 pub use execution::Execution;
 pub use resources::{JobResources, DEFAULT_JOB_DIR_MAX_AGE_SECONDS, DEFAULT_JOB_DISK_MB};
@@ -106,6 +111,10 @@ pub struct Runner {
     mailroom: Mutex<incremental::Mailroom>,
     /// Where progress notices go (set by the consumer that serves this runner).
     notices: std::sync::OnceLock<Arc<dyn crate::queue::Broker>>,
+    /// When unused images were last pruned under disk pressure; locked while one is.
+    image_prune: tokio::sync::Mutex<Option<Instant>>,
+    /// The images a container of was started here, announced to the consumer.
+    holdings: holdings::Holdings,
 }
 
 impl Runner {
@@ -161,7 +170,15 @@ impl Runner {
             cache_enabled: cache::enabled_from_env(),
             mailroom: Mutex::new(incremental::Mailroom::default()),
             notices: std::sync::OnceLock::new(),
+            image_prune: tokio::sync::Mutex::new(None),
+            holdings: holdings::Holdings::default(),
         })
+    }
+
+    /// The images this worker holds (has started a container of), each announced once: those
+    /// held already at once, the rest as they come. For the first caller only.
+    pub fn held_images(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        self.holdings.listen()
     }
 
     /// Replaces the system clock (tests, embedders).

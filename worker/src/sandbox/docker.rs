@@ -10,7 +10,8 @@
 //! the job and neither the init (PID 1 is never signalled that way) nor the `sleep` (another
 //! user), whose end would end the container with it.
 use super::{
-    check_user, ExecOutput, Limits, Sandbox, SandboxError, SandboxSpec, Session, TailBuffer,
+    check_user, ExecOutput, Limits, PrunedImages, Sandbox, SandboxError, SandboxSpec, Session,
+    TailBuffer,
 };
 use async_trait::async_trait;
 use bollard::container::{
@@ -18,10 +19,12 @@ use bollard::container::{
     RenameContainerOptions,
 };
 use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::image::{ListImagesOptions, PruneImagesOptions};
 use bollard::models::HostConfig;
 use bollard::Docker;
 use futures::StreamExt;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tracing::debug;
@@ -71,6 +74,9 @@ pub struct DockerSandbox {
     docker: Docker,
     limits: Limits,
     user: String,
+    /// Docker's data root as this process sees it (asked once): none when it is not visible
+    /// here (a worker in a container of its own).
+    image_root: tokio::sync::OnceCell<Option<PathBuf>>,
 }
 
 impl DockerSandbox {
@@ -81,6 +87,7 @@ impl DockerSandbox {
             docker,
             limits,
             user,
+            image_root: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -201,6 +208,53 @@ impl Sandbox for DockerSandbox {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Session>, SandboxError> {
         Ok(Box::new(self.launch(spec).await?))
+    }
+
+    async fn image_store(&self) -> Option<PathBuf> {
+        let root = self.image_root.get_or_init(|| async {
+            match self.docker.info().await {
+                Ok(info) => info
+                    .docker_root_dir
+                    .map(PathBuf::from)
+                    .filter(|p| p.is_dir()),
+                Err(e) => {
+                    debug!(error = %e, "docker's data root not known");
+                    None
+                }
+            }
+        });
+        root.await.clone()
+    }
+
+    async fn prune_unused_images(&self) -> Result<PrunedImages, SandboxError> {
+        // `dangling`: untagged, and Docker itself keeps every image a container uses. The
+        // prune names the layers it deleted beside the images: the images are those listed.
+        let dangling = || HashMap::from([("dangling", vec!["true"])]);
+        let listed = self
+            .docker
+            .list_images(Some(ListImagesOptions {
+                filters: dangling(),
+                ..Default::default()
+            }))
+            .await?;
+        let pruned = self
+            .docker
+            .prune_images(Some(PruneImagesOptions {
+                filters: dangling(),
+            }))
+            .await?;
+        let deleted: std::collections::HashSet<String> =
+            (pruned.images_deleted.unwrap_or_default().into_iter())
+                .filter_map(|d| d.deleted)
+                .collect();
+        let removed = (listed.into_iter())
+            .map(|i| i.id)
+            .filter(|id| deleted.contains(id))
+            .collect();
+        Ok(PrunedImages {
+            removed,
+            bytes: pruned.space_reclaimed.unwrap_or(0).max(0) as u64,
+        })
     }
 
     async fn reap(&self, worker_id: &str) -> Result<usize, SandboxError> {

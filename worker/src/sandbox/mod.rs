@@ -209,6 +209,26 @@ pub trait Sandbox: Send + Sync {
     fn keeps_warm(&self) -> bool {
         false
     }
+    /// The folder where the engine keeps its images, when this process can see it (its free
+    /// space says whether images must give room back); none for a sandbox without images.
+    async fn image_store(&self) -> Option<PathBuf> {
+        None
+    }
+    /// Removes the images that no container uses (running or not) and no tag names: what
+    /// rebuilds of a tag leave behind, and what a low disk gives back first. An image a job may
+    /// still ask for by its tag is never removed (no registry brings it back).
+    async fn prune_unused_images(&self) -> Result<PrunedImages, SandboxError> {
+        Ok(PrunedImages::default())
+    }
+}
+
+/// What a prune of unused images gave back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrunedImages {
+    /// The content ids of the images removed.
+    pub removed: Vec<String>,
+    /// The bytes the engine says it reclaimed.
+    pub bytes: u64,
 }
 
 #[async_trait]

@@ -435,6 +435,14 @@ impl Sandbox for WarmPool {
         self.inner.docker.image_id(image).await
     }
 
+    async fn image_store(&self) -> Option<std::path::PathBuf> {
+        self.inner.docker.image_store().await
+    }
+
+    async fn prune_unused_images(&self) -> Result<super::PrunedImages, SandboxError> {
+        self.inner.docker.prune_unused_images().await
+    }
+
     async fn shutdown(&self) {
         let ready: Vec<Warm> = {
             let mut pool = self.inner.pool();

@@ -76,6 +76,7 @@ pub fn message(run: &str, i: u32) -> OutboxMessage {
         spec_ref: format!("blobs/{i:064}"),
         spec: None,
         team: None,
+        image: None,
     })
 }
 

@@ -2,7 +2,7 @@
 //! persistent messages, publisher confirms, manual acks. It owns its reconnect-and-redeclare loop
 //! rather than relying on lapin's (seen never to recover after a broker restart).
 
-use crate::queue::{Acker, Broker, Incoming, QueueName, DELIVERY_LIMIT};
+use crate::queue::{Acker, Broker, ImageKey, Incoming, JobMessage, QueueName, DELIVERY_LIMIT};
 use async_trait::async_trait;
 use futures::StreamExt;
 use lapin::options::{
@@ -12,94 +12,17 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use shared::ports::PortError;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, Mutex};
-use tracing::{info, warn};
+use tracing::info;
+
+mod images;
+mod reconnect;
+
+use reconnect::Outage;
 
 /// Longest wait for the broker's confirms of one publish.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// First pause before a reconnect; it doubles per failed attempt up to [`RECONNECT_CAP`].
-const RECONNECT_BASE: Duration = Duration::from_millis(200);
-/// Longest pause between two reconnect attempts.
-const RECONNECT_CAP: Duration = Duration::from_secs(10);
-/// An outage that lasts this long is worth one warning (reconnects before that are expected:
-/// a broker restart, a network blip) and are logged at INFO.
-const LONG_OUTAGE: Duration = Duration::from_secs(30);
-
-/// The pause before reconnect attempt `attempt` (0 for the first): exponential from
-/// [`RECONNECT_BASE`], capped at [`RECONNECT_CAP`], with "equal jitter": half of it fixed, the
-/// other half scaled by `jitter` (in 0..=1), so workers that lost the broker together do not
-/// all come back in the same instant.
-fn reconnect_delay(attempt: u32, jitter: f64) -> Duration {
-    let exp = RECONNECT_BASE
-        .saturating_mul(1u32 << attempt.min(16))
-        .min(RECONNECT_CAP);
-    let half = exp / 2;
-    half + half.mul_f64(jitter.clamp(0.0, 1.0))
-}
-
-/// A number in 0..1 that differs between processes and calls (no `rand` crate needed).
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// The reconnect state of one connection loop: INFO per attempt (a reconnect is expected),
-/// backoff with jitter, and one WARN per outage once it has lasted [`LONG_OUTAGE`].
-#[derive(Default)]
-struct Outage {
-    attempt: u32,
-    since: Option<Instant>,
-    warned: bool,
-}
-
-impl Outage {
-    /// A connection attempt failed or a live connection broke: logs and returns the pause.
-    fn failed(&mut self, what: &str, error: &PortError) -> Duration {
-        let since = *self.since.get_or_insert_with(Instant::now);
-        let delay = reconnect_delay(self.attempt, jitter());
-        self.attempt = self.attempt.saturating_add(1);
-        let down = since.elapsed();
-        info!(
-            error = %error,
-            attempt = self.attempt,
-            backoff_ms = delay.as_millis() as u64,
-            down_s = down.as_secs(),
-            "{what} lost its connection, reconnecting"
-        );
-        if down >= LONG_OUTAGE && !self.warned {
-            self.warned = true;
-            let secs = down.as_secs();
-            warn!(
-                error = %error,
-                down_s = secs,
-                "{what} has been without RabbitMQ for {secs}s, still reconnecting"
-            );
-        }
-        delay
-    }
-
-    /// The connection is up again: the next outage starts from the first pause.
-    fn connected(&mut self, what: &str) {
-        if let Some(since) = self.since.take() {
-            info!(
-                attempts = self.attempt,
-                down_ms = since.elapsed().as_millis() as u64,
-                "{what} reconnected"
-            );
-        }
-        self.attempt = 0;
-        self.warned = false;
-    }
-}
 
 /// Settles a delivery on the channel it came from (RabbitMQ holds the message itself).
 struct AmqpAcker(lapin::acker::Acker);
@@ -135,6 +58,9 @@ pub struct RabbitBroker {
     uri: String,
     namespace: String,
     publish: Mutex<Option<(Connection, Channel)>>,
+    /// How long a job waits in its image's queue for a holder; none: this process subscribes
+    /// to no image queue (its jobs of an image still go to the image's holders).
+    affinity_wait: Option<Duration>,
 }
 
 fn conn_err(e: impl std::fmt::Display) -> PortError {
@@ -194,7 +120,7 @@ async fn declare(channel: &Channel, ns: &str) -> Result<(), PortError> {
         .queue_declare(&QueueName::Results.qualified(ns), durable, results_args)
         .await
         .map_err(conn_err)?;
-    Ok(())
+    images::declare_routing(channel, ns).await
 }
 
 impl RabbitBroker {
@@ -204,9 +130,17 @@ impl RabbitBroker {
             uri: uri.to_string(),
             namespace: namespace.to_string(),
             publish: Mutex::new(None),
+            affinity_wait: None,
         };
         broker.publish_channel().await?;
         Ok(broker)
+    }
+
+    /// Sets how long a job of a held image waits for a holder (`None`, the default, or zero:
+    /// subscribe to no image queue; jobs of an image still go to holders other processes are).
+    pub fn with_affinity_wait(mut self, wait: Option<Duration>) -> Self {
+        self.affinity_wait = wait.filter(|w| !w.is_zero());
+        self
     }
 
     async fn publish_channel(&self) -> Result<Channel, PortError> {
@@ -264,41 +198,35 @@ impl Broker for RabbitBroker {
         queue: QueueName,
         messages: &[(Vec<u8>, String)],
     ) -> Result<(), PortError> {
-        let ch = self.publish_channel().await?;
         let routing = queue.qualified(&self.namespace);
-        let publish = async {
-            let mut confirms = Vec::with_capacity(messages.len());
-            for (body, id) in messages {
-                let props = BasicProperties::default()
-                    .with_delivery_mode(2)
-                    .with_content_type(ShortString::from("application/json"))
-                    .with_message_id(ShortString::from(id.as_str()));
-                confirms.push(
-                    ch.basic_publish("", &routing, BasicPublishOptions::default(), body, props)
-                        .await
-                        .map_err(conn_err)?,
-                );
-            }
-            for c in confirms {
-                if c.await.map_err(conn_err)?.is_nack() {
-                    return Err(PortError::Connection("broker refused a message".into()));
-                }
-            }
-            Ok(())
-        };
-        // A broker that takes the messages but never confirms (blocked by a resource alarm)
-        // is an error the caller retries, not a hang that outlives its leases.
-        let outcome = match tokio::time::timeout(CONFIRM_TIMEOUT, publish).await {
-            Ok(r) => r,
-            Err(_) => Err(PortError::Connection(format!(
-                "the broker did not confirm {} message(s) within {CONFIRM_TIMEOUT:?}",
-                messages.len()
-            ))),
-        };
-        if outcome.is_err() {
-            self.drop_publish_channel().await;
-        }
-        outcome
+        let routed: Vec<Routed<'_>> = (messages.iter())
+            .map(|(body, id)| ("", routing.clone(), body.as_slice(), id.as_str()))
+            .collect();
+        self.publish_routed(&routed).await
+    }
+
+    async fn publish_jobs(&self, jobs: &[JobMessage]) -> Result<(), PortError> {
+        let (exchange, queue) = (
+            images::images_exchange(&self.namespace),
+            QueueName::Jobs.qualified(&self.namespace),
+        );
+        let routed: Vec<Routed<'_>> = (jobs.iter())
+            .map(|j| match &j.image {
+                Some(key) => (
+                    exchange.as_str(),
+                    key.as_str().to_string(),
+                    &j.body[..],
+                    &j.id[..],
+                ),
+                None => ("", queue.clone(), &j.body[..], &j.id[..]),
+            })
+            .collect();
+        self.publish_routed(&routed).await
+    }
+
+    fn subscribe_image(&self, image: &ImageKey, prefetch: u16) -> Option<mpsc::Receiver<Incoming>> {
+        let wait = self.affinity_wait?;
+        Some(self.consume(Consumed::Image(image.clone(), wait), prefetch))
     }
 
     async fn broadcast(&self, body: &[u8]) -> Result<(), PortError> {
@@ -346,17 +274,89 @@ impl Broker for RabbitBroker {
     }
 
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming> {
+        self.consume(Consumed::Queue(queue), prefetch)
+    }
+}
+
+/// A message to publish: exchange, routing key, body, message id.
+type Routed<'a> = (&'a str, String, &'a [u8], &'a str);
+
+/// What a consumer reads: one of the namespace's queues, or an image's queue (declared and
+/// bound with its wait on every connect).
+#[derive(Clone)]
+enum Consumed {
+    Queue(QueueName),
+    Image(ImageKey, Duration),
+}
+
+impl Consumed {
+    fn name(&self, ns: &str) -> String {
+        match self {
+            Consumed::Queue(q) => q.qualified(ns),
+            Consumed::Image(key, _) => key.queue(ns),
+        }
+    }
+}
+
+impl RabbitBroker {
+    /// Publishes every message and waits for every confirm (pipelined), within
+    /// [`CONFIRM_TIMEOUT`].
+    async fn publish_routed(&self, messages: &[Routed<'_>]) -> Result<(), PortError> {
+        let ch = self.publish_channel().await?;
+        let publish = async {
+            let mut confirms = Vec::with_capacity(messages.len());
+            for (exchange, routing, body, id) in messages {
+                let props = BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_content_type(ShortString::from("application/json"))
+                    .with_message_id(ShortString::from(*id));
+                confirms.push(
+                    ch.basic_publish(
+                        exchange,
+                        routing,
+                        BasicPublishOptions::default(),
+                        body,
+                        props,
+                    )
+                    .await
+                    .map_err(conn_err)?,
+                );
+            }
+            for c in confirms {
+                if c.await.map_err(conn_err)?.is_nack() {
+                    return Err(PortError::Connection("broker refused a message".into()));
+                }
+            }
+            Ok(())
+        };
+        // A broker that takes the messages but never confirms (blocked by a resource alarm)
+        // is an error the caller retries, not a hang that outlives its leases.
+        let outcome = match tokio::time::timeout(CONFIRM_TIMEOUT, publish).await {
+            Ok(r) => r,
+            Err(_) => Err(PortError::Connection(format!(
+                "the broker did not confirm {} message(s) within {CONFIRM_TIMEOUT:?}",
+                messages.len()
+            ))),
+        };
+        if outcome.is_err() {
+            self.drop_publish_channel().await;
+        }
+        outcome
+    }
+
+    /// Consumes `what` with its own reconnect loop until the receiver is dropped.
+    fn consume(&self, what: Consumed, prefetch: u16) -> mpsc::Receiver<Incoming> {
         let (tx, rx) = mpsc::channel(prefetch.max(1) as usize);
         let uri = self.uri.clone();
         let ns = self.namespace.clone();
         tokio::spawn(async move {
             let mut outage = Outage::default();
-            let what = format!("consumer of {}", queue.qualified(&ns));
+            let name = format!("consumer of {}", what.name(&ns));
             loop {
-                match consume_once(&uri, &ns, queue, prefetch, &tx, &mut outage).await {
+                match consume_once(&uri, &ns, &what, prefetch, &tx, &mut outage).await {
                     Ok(()) => return, // the receiver is gone: shut down
                     Err(e) => {
-                        let delay = outage.failed(&what, &e);
+                        let delay = outage.failed(&name, &e);
                         tokio::time::sleep(delay).await;
                     }
                 }
@@ -443,7 +443,7 @@ async fn listen_once(
 async fn consume_once(
     uri: &str,
     ns: &str,
-    queue: QueueName,
+    what: &Consumed,
     prefetch: u16,
     tx: &mpsc::Sender<Incoming>,
     outage: &mut Outage,
@@ -451,21 +451,38 @@ async fn consume_once(
     let conn = connect(uri).await?;
     let ch = conn.create_channel().await.map_err(conn_err)?;
     declare(&ch, ns).await?;
+    if let Consumed::Image(key, wait) = what {
+        images::declare_image_queue(&ch, ns, key, *wait).await?;
+    }
+    let queue = what.name(ns);
     ch.basic_qos(prefetch.max(1), BasicQosOptions::default())
         .await
         .map_err(conn_err)?;
     let mut consumer = ch
         .basic_consume(
-            &queue.qualified(ns),
+            &queue,
             "",
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await
         .map_err(conn_err)?;
-    outage.connected(&format!("consumer of {}", queue.qualified(ns)));
-    info!(queue = %queue.qualified(ns), prefetch, "consuming");
-    while let Some(delivery) = consumer.next().await {
+    outage.connected(&format!("consumer of {queue}"));
+    info!(%queue, prefetch, "consuming");
+    loop {
+        // An image queue's receiver dropped while nothing is delivered (every prefetched
+        // message in hand) ends its consumer too: the unsettled messages go back, to go on to
+        // the jobs queue. (A namespace queue's consumer ends at its next delivery, so the
+        // deliveries in hand can still be settled.)
+        let next = tokio::select! {
+            _ = tx.closed(), if matches!(what, Consumed::Image(..)) => None,
+            d = consumer.next() => Some(d),
+        };
+        let Some(next) = next else {
+            let _ = conn.close(200, "shutting down").await;
+            return Ok(());
+        };
+        let Some(delivery) = next else { break };
         let delivery = delivery.map_err(conn_err)?;
         let delivery_count = delivery
             .properties
@@ -490,57 +507,4 @@ async fn consume_once(
         }
     }
     Err(PortError::Connection("consumer stream ended".into()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reconnect_pauses_grow_exponentially_up_to_the_cap() {
-        // Without jitter: half the exponential pause.
-        assert_eq!(reconnect_delay(0, 0.0), Duration::from_millis(100));
-        assert_eq!(reconnect_delay(1, 0.0), Duration::from_millis(200));
-        assert_eq!(reconnect_delay(2, 0.0), Duration::from_millis(400));
-        // With full jitter: the whole pause.
-        assert_eq!(reconnect_delay(0, 1.0), Duration::from_millis(200));
-        assert_eq!(reconnect_delay(3, 1.0), Duration::from_millis(1600));
-        // Capped, however long the outage.
-        for attempt in [6, 7, 20, 64, u32::MAX] {
-            let d = reconnect_delay(attempt, 1.0);
-            assert_eq!(d, RECONNECT_CAP, "attempt {attempt}");
-            assert!(reconnect_delay(attempt, 0.0) >= RECONNECT_CAP / 2);
-        }
-        // Out-of-range jitter is clamped.
-        assert_eq!(reconnect_delay(0, 7.0), Duration::from_millis(200));
-        assert_eq!(reconnect_delay(0, -1.0), Duration::from_millis(100));
-    }
-
-    #[test]
-    fn jitter_is_in_range_and_varies() {
-        let xs: Vec<f64> = (0..64).map(|_| jitter()).collect();
-        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)), "{xs:?}");
-        assert!(xs.windows(2).any(|w| w[0] != w[1]), "{xs:?}");
-    }
-
-    #[test]
-    fn an_outage_backs_off_and_a_reconnect_starts_over() {
-        let mut o = Outage::default();
-        let err = PortError::Connection("refused".into());
-        let first = o.failed("test", &err);
-        assert!(first <= Duration::from_millis(200));
-        for _ in 0..10 {
-            o.failed("test", &err);
-        }
-        let late = o.failed("test", &err);
-        assert!(
-            late >= RECONNECT_CAP / 2 && late <= RECONNECT_CAP,
-            "{late:?}"
-        );
-        assert!(o.since.is_some());
-        o.connected("test");
-        assert_eq!(o.attempt, 0);
-        assert!(o.since.is_none());
-        assert!(o.failed("test", &err) <= Duration::from_millis(200));
-    }
 }
