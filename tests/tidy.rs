@@ -244,7 +244,7 @@ fn names_crate(code: &str, krate: &str) -> Vec<usize> {
 fn io_crates_are_named_by_their_adapter_only() {
     type Owns = fn(&str) -> bool;
     let owners: [(&str, Owns); 5] = [
-        ("lapin", |p| p == "worker/src/rabbitmq.rs"),
+        ("lapin", |p| p.starts_with("worker/src/rabbitmq/")),
         ("bollard", |p| p == "worker/src/sandbox/docker.rs"),
         ("redis", |p| {
             p.starts_with("coordinator/src/store/redis") || p == "worker/src/quota/redis_ledger.rs"

@@ -1,7 +1,6 @@
-//! Wire messages (versioned) and the records they point to. A queue message is a small envelope
-//! carrying a content-addressed reference to its payload in object storage. The results queue
-//! also carries messages between runs of a tree (start a child, a child ended, cancel a child),
-//! which coordinators put in their outbox like jobs.
+//! Wire messages (versioned) and what they point to. A queue message is a small envelope with a
+//! content-addressed reference to its payload in object storage. The results queue also carries
+//! messages between runs of a tree (start, end, cancel a child), put in outboxes like jobs.
 
 use crate::graph::{NodeKind, WorktreeMode};
 use crate::ids::{Attempt, JobId, NodeId, RunId};
@@ -12,8 +11,7 @@ use std::collections::BTreeMap;
 
 pub const WIRE_VERSION: u32 = 1;
 
-/// Payloads up to this size travel inside their envelope (still named by their sha256 key);
-/// larger ones are stored in object storage and only referenced (the claim-check pattern).
+/// Payloads up to this size ride in their envelope; larger ones are stored (the claim check).
 pub const INLINE_LIMIT: usize = 16 * 1024;
 
 /// Broadcast to every worker (best effort, not persisted).
@@ -42,8 +40,7 @@ pub struct JobEnvelope {
     /// The team whose run the job is of (its `concurrent_jobs` limit holds the job back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
-    /// The image the job's container runs (`JobSpec::image`): the job goes first to the
-    /// workers that hold it.
+    /// The image of the job's container (`JobSpec::image`): its holders take the job first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 }

@@ -2,17 +2,16 @@
 //! worktree mode, which folders are mounted, network), up to N containers created and started
 //! ahead, each bound to empty folders of its own under the worker's `warm/` folder. A job's
 //! start takes one of its shape and moves its folders' contents into them (renames on one file
-//! system, then the bound folder renamed over the job's), so the job's paths stay what they
-//! were and the container sees them; the container cycle on the job's path is then the
-//! commands and the removal. A shape's pool is refilled in the background after every start.
+//! system, then the bound folder renamed over the job's), so the job's paths stay and the
+//! container sees them; a shape's pool is refilled in the background after every start.
 //!
 //! What holds: one container per execution. A warm container has run nothing but its keeper's
 //! `sleep`; it is never handed out twice, never returned to the pool, and removed with its
 //! job. Its lock-down is the cold path's (one `launch`). Its keeper's `sleep` bounds its life
 //! ([`WARM_LIFETIME`], also when its worker dies), and a container too old to serve the job's
-//! whole lifetime is not handed out (the job starts cold). (A watchdog bounding it to the
-//! job's own lifetime was one more `exec`, ~50 ms of the job's path on this machine.) A job's container is killed (and
-//! waited for) when the job ends; its removal goes on off the job's path.
+//! whole lifetime is not handed out (the job starts cold). (A watchdog bounding it to the job's
+//! lifetime was one more `exec`, ~50 ms of the job's path here.) A job's container is killed
+//! (and waited for) when the job ends; its removal goes on off the job's path.
 
 use super::docker::{DockerSandbox, DockerSession, WORKER_LABEL};
 use super::{ExecOutput, Mounts, Sandbox, SandboxError, SandboxSpec, Session};
