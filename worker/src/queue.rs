@@ -302,34 +302,39 @@ pub mod conformance {
         }
     }
 
+    /// Publishes warm-up jobs of `image` until one reaches `holder`: a subscription binds its
+    /// image's queue before its first delivery, and until then they go through `jobs`.
+    async fn until_bound(
+        b: &dyn Broker,
+        image: &str,
+        holder: &mut mpsc::Receiver<Incoming>,
+        jobs: &mut mpsc::Receiver<Incoming>,
+    ) {
+        for tries in 1.. {
+            assert!(
+                tries <= 100,
+                "no job of {image} reached its queue's subscriber"
+            );
+            b.publish_jobs(&[job("warm-up", Some(image))])
+                .await
+                .unwrap();
+            tokio::select! {
+                m = holder.recv() => { m.expect("image subscription").ack().await.unwrap(); return; }
+                m = jobs.recv() => { m.expect("jobs subscription").ack().await.unwrap(); }
+            }
+        }
+    }
+
     /// Jobs of an image go to the subscribers of its queue when there are any; jobs of an
     /// image nobody holds, and jobs without one, go to the jobs queue. A broker without image
     /// queues delivers every job through the jobs queue: nothing is lost either way.
     pub async fn jobs_of_a_held_image_go_to_its_holders(b: &dyn Broker) {
         let held = super::ImageKey::of("held:1");
         let mut jobs = b.subscribe(QueueName::Jobs, 8);
-        let image = b.subscribe_image(&held, 8);
-        // Once the image queue is bound, a job of it is routed there (a subscription binds
-        // its queue before its first delivery: a warm-up job tells when).
-        let mut image = match image {
-            Some(mut rx) => {
-                for tries in 1.. {
-                    assert!(
-                        tries <= 100,
-                        "no job of the image reached its queue's subscriber"
-                    );
-                    b.publish_jobs(&[job("warm-up", Some("held:1"))])
-                        .await
-                        .unwrap();
-                    tokio::select! {
-                        m = rx.recv() => { m.expect("image subscription").ack().await.unwrap(); break; }
-                        m = jobs.recv() => { m.expect("jobs subscription").ack().await.unwrap(); }
-                    }
-                }
-                Some(rx)
-            }
-            None => None,
-        };
+        let mut image = b.subscribe_image(&held, 8);
+        if let Some(rx) = image.as_mut() {
+            until_bound(b, "held:1", rx, &mut jobs).await;
+        }
         b.publish_jobs(&[
             job("of-held", Some("held:1")),
             job("of-other", Some("other:1")),
@@ -367,19 +372,7 @@ pub mod conformance {
             return;
         };
         let mut jobs = b.subscribe(QueueName::Jobs, 8);
-        for tries in 1.. {
-            assert!(
-                tries <= 100,
-                "no job of the image reached its queue's subscriber"
-            );
-            b.publish_jobs(&[job("warm-up", Some("left:1"))])
-                .await
-                .unwrap();
-            tokio::select! {
-                m = image.recv() => { m.expect("image subscription").ack().await.unwrap(); break; }
-                m = jobs.recv() => { m.expect("jobs subscription").ack().await.unwrap(); }
-            }
-        }
+        until_bound(b, "left:1", &mut image, &mut jobs).await;
         // Taken and never settled: the holder goes away with it.
         b.publish_jobs(&[job("taken", Some("left:1"))])
             .await
