@@ -200,7 +200,7 @@ impl Broker for RabbitBroker {
     ) -> Result<(), PortError> {
         let routing = queue.qualified(&self.namespace);
         let routed: Vec<Routed<'_>> = (messages.iter())
-            .map(|(body, id)| ("", routing.clone(), body.as_slice(), id.as_str()))
+            .map(|(body, id)| ("", routing.as_str(), body.as_slice(), id.as_str()))
             .collect();
         self.publish_routed(&routed).await
     }
@@ -212,13 +212,8 @@ impl Broker for RabbitBroker {
         );
         let routed: Vec<Routed<'_>> = (jobs.iter())
             .map(|j| match &j.image {
-                Some(key) => (
-                    exchange.as_str(),
-                    key.as_str().to_string(),
-                    &j.body[..],
-                    &j.id[..],
-                ),
-                None => ("", queue.clone(), &j.body[..], &j.id[..]),
+                Some(key) => (exchange.as_str(), key.as_str(), &j.body[..], &j.id[..]),
+                None => ("", queue.as_str(), &j.body[..], &j.id[..]),
             })
             .collect();
         self.publish_routed(&routed).await
@@ -279,7 +274,7 @@ impl Broker for RabbitBroker {
 }
 
 /// A message to publish: exchange, routing key, body, message id.
-type Routed<'a> = (&'a str, String, &'a [u8], &'a str);
+type Routed<'a> = (&'a str, &'a str, &'a [u8], &'a str);
 
 /// What a consumer reads: one of the namespace's queues, or an image's queue (declared and
 /// bound with its wait on every connect).

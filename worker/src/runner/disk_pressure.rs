@@ -21,17 +21,6 @@ const PRESSURE_MIN_AGE: Duration = Duration::from_secs(60);
 /// and a disk that stays low would otherwise have every job pay for one.
 pub(super) const IMAGE_PRUNE_EVERY: Duration = Duration::from_secs(60);
 
-/// What one relief removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Relieved {
-    /// Idle shared checkouts.
-    pub checkouts: usize,
-    /// Job folders no running execution owned.
-    pub job_dirs: usize,
-    /// Unused, untagged images.
-    pub images: usize,
-}
-
 /// Whether a prune is due: none yet, or the last one at least `every` before `now`.
 pub(super) fn prune_due(last: Option<Instant>, now: Instant, every: Duration) -> bool {
     last.is_none_or(|at| now.saturating_duration_since(at) >= every)
@@ -40,24 +29,20 @@ pub(super) fn prune_due(last: Option<Instant>, now: Instant, every: Duration) ->
 impl Runner {
     /// Gives back what no job is using on whichever disk is below `resources.disk_low_water`
     /// (the work folder's, the images'); nothing when neither is, or the mark is off.
-    pub async fn relieve_disk_pressure(&self) -> Relieved {
+    pub async fn relieve_disk_pressure(&self) {
         let Some(low) = self.resources.disk_low_water else {
-            return Relieved::default();
+            return;
         };
-        let mut out = Relieved::default();
         match crate::sandbox::disk::free_bytes(&self.config.work_dir) {
-            Ok(free) if free < low => {
-                (out.checkouts, out.job_dirs) = self.relieve_work_folder(free, low).await;
-            }
+            Ok(free) if free < low => self.relieve_work_folder(free, low).await,
             Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot read the work folder's free space"),
         }
-        out.images = self.relieve_image_store(low).await;
-        out
+        self.relieve_image_store(low).await;
     }
 
     /// Idle shared checkouts, the idle git mirror and unowned job folders older than a minute.
-    async fn relieve_work_folder(&self, free: u64, low: u64) -> (usize, usize) {
+    async fn relieve_work_folder(&self, free: u64, low: u64) {
         let checkouts = self.git.evict_idle_checkouts().await;
         let mirror = match self.git.evict_idle_mirror().await {
             Ok(emptied) => usize::from(emptied),
@@ -86,29 +71,28 @@ impl Runner {
         self.count_evictions("checkout", checkouts);
         self.count_evictions("mirror", mirror);
         self.count_evictions("job_dir", dirs);
-        (checkouts, dirs)
     }
 
     /// Prunes the unused, untagged images when the engine's image store is visible here, its
-    /// disk is below `low` and no prune ran in the last minute. Returns how many went.
-    async fn relieve_image_store(&self, low: u64) -> usize {
+    /// disk is below `low` and no prune ran in the last minute.
+    async fn relieve_image_store(&self, low: u64) {
         let Some(store) = self.sandbox.image_store().await else {
-            return 0;
+            return;
         };
         let free = match crate::sandbox::disk::free_bytes(&store) {
             Ok(free) if free < low => free,
-            Ok(_) => return 0,
+            Ok(_) => return,
             Err(e) => {
                 warn!(store = %store.display(), error = %e, "cannot read the image store's free space");
-                return 0;
+                return;
             }
         };
         // One prune at a time; a job that finds one running goes on without waiting.
         let Ok(mut last) = self.image_prune.try_lock() else {
-            return 0;
+            return;
         };
         if !prune_due(*last, Instant::now(), IMAGE_PRUNE_EVERY) {
-            return 0;
+            return;
         }
         *last = Some(Instant::now());
         match self.sandbox.prune_unused_images().await {
@@ -130,12 +114,8 @@ impl Runner {
                     );
                 }
                 self.count_evictions("image", images);
-                images
             }
-            Err(e) => {
-                warn!(error = %e, "could not prune the unused images");
-                0
-            }
+            Err(e) => warn!(error = %e, "could not prune the unused images"),
         }
     }
 

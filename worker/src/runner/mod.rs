@@ -44,7 +44,6 @@ mod step;
 mod tests;
 
 pub use cache::STEP_CACHE_ENV;
-pub use disk_pressure::Relieved;
 pub use error::{RunError, StartError};
 pub use execution::Execution;
 pub use resources::{JobResources, DEFAULT_JOB_DIR_MAX_AGE_SECONDS, DEFAULT_JOB_DISK_MB};
