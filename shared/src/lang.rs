@@ -60,6 +60,7 @@ pub use haskell::{
     TestModule, PACKAGES as HASKELL_PACKAGES,
 };
 
+use crate::speccheck;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -89,6 +90,130 @@ pub struct RunLayout {
     pub canary: Option<String>,
     /// Haskell: the frozen test modules and their properties, as the worker found them.
     pub test_modules: Vec<TestModule>,
+    /// Python: the runner guard's settings (`None`: no guard, the Haskell and Rust runs).
+    pub guard: Option<PythonGuard>,
+}
+
+/// The Python runner guard of one run (`python_guard.py`): loaded by pytest before any code of
+/// the project, it refuses and records what code under test does to reach the runner, and
+/// compares the runner's modules and classes before and after.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonGuard {
+    pub nonce: String,
+    /// Test folders as the test process sees them: code there is not under test.
+    pub tests: Vec<String>,
+    /// Test files (absolute) outside those folders.
+    pub test_files: Vec<String>,
+    /// The files agents wrote (absolute): when given, only code in them is judged; else
+    /// every file of the worktree outside the tests.
+    pub code_under_test: Vec<String>,
+    /// Modules code under test may import beyond the project's own.
+    pub allowed_modules: Vec<String>,
+}
+
+/// Modules Python code under test may import by default: the pure part of the standard
+/// library. Everything else (the runner, the process, files, the network, introspection) is
+/// refused unless a spec or work order allows it by name.
+pub const PYTHON_ALLOWED_MODULES: &[&str] = &[
+    "__future__",
+    "abc",
+    "array",
+    "base64",
+    "binascii",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections",
+    "contextlib",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "itertools",
+    "json",
+    "math",
+    "numbers",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "struct",
+    "textwrap",
+    "time",
+    "typing",
+    "unicodedata",
+    "zoneinfo",
+];
+
+/// The guard's record, in the harness folder.
+pub const GUARD_RECORD: &str = "out/guard.log";
+/// The record of the run outside the test runner.
+pub const SOLO_GUARD_RECORD: &str = "out/guard-solo.log";
+/// The spec checks the outside run reads, and what it writes.
+pub const SPEC_CHECKS_FILE: &str = "spec/checks.json";
+pub const SPEC_RESULTS_FILE: &str = "out/speccheck.json";
+const GUARD_SOURCE: &str = include_str!("lang/python_guard.py");
+const GEN_SOURCE: &str = include_str!("lang/python_gen.py");
+const SOLO_SOURCE: &str = include_str!("lang/python_speccheck.py");
+
+/// The guard's source with its settings for this run (`record`: where it writes).
+fn guard_source(work: &str, harness: &str, guard: &PythonGuard, record: &str) -> String {
+    let conf = serde_json::json!({
+        "record": format!("{harness}/{record}"),
+        "nonce": guard.nonce,
+        "work": work,
+        "tests": guard.tests,
+        "test_files": guard.test_files,
+        "code_under_test": guard.code_under_test,
+        "allowed_modules": guard.allowed_modules,
+    });
+    let conf = serde_json::to_string(&conf.to_string()).unwrap_or_default();
+    format!("import json as _j\n_CONF = _j.loads({conf})\ndel _j\n{GUARD_SOURCE}")
+}
+
+/// The harness's files for a guarded Python run: the guard and the property generator.
+fn guard_files(work: &str, harness: &str, guard: &PythonGuard) -> Vec<(String, String)> {
+    vec![
+        (
+            format!("{PINS_DIR}/fleet_guard.py"),
+            guard_source(work, harness, guard, GUARD_RECORD),
+        ),
+        (format!("{PINS_DIR}/fleet_gen.py"), GEN_SOURCE.to_string()),
+    ]
+}
+
+/// The spec's checks run once more outside the test runner, under the same guard: a plain
+/// interpreter with the same pins, reading `SPEC_CHECKS_FILE`, writing `SPEC_RESULTS_FILE`.
+pub fn python_solo_invocation(layout: &RunLayout, guard: &PythonGuard) -> TestInvocation {
+    let harness = layout.harness.trim_end_matches('/');
+    let pins = format!("{harness}/{PINS_DIR}");
+    let mut argv = pinned_env(&[
+        ("PYTHONHASHSEED", "0"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONPATH", &pins),
+    ]);
+    argv.extend(["python3", "-s", "-P", "-B"].map(String::from));
+    argv.push(format!("{pins}/fleet_speccheck.py"));
+    let script = format!(
+        "{}\n_SOLO = {{\"work\": {}, \"checks\": {}, \"results\": {}}}\n{SOLO_SOURCE}",
+        guard_source(&layout.work, harness, guard, SOLO_GUARD_RECORD),
+        speccheck::py_str(&layout.work),
+        speccheck::py_str(&format!("{harness}/{SPEC_CHECKS_FILE}")),
+        speccheck::py_str(&format!("{harness}/{SPEC_RESULTS_FILE}")),
+    );
+    let mut harness_files = guard_files(&layout.work, harness, guard);
+    harness_files.push((format!("{PINS_DIR}/fleet_speccheck.py"), script));
+    TestInvocation {
+        argv,
+        report: ReportSource::JunitFile,
+        report_file: Some(SPEC_RESULTS_FILE.into()),
+        harness_files,
+    }
 }
 
 /// A pinned test run: the argv and where its report comes from.
@@ -233,6 +358,11 @@ pub fn test_invocation(
                 "no:randomly".into(),
                 "-p".into(),
                 PINS_PLUGIN.into(),
+            ]);
+            if layout.guard.is_some() {
+                argv.extend(["-p".to_string(), "fleet_guard".into()]);
+            }
+            argv.extend([
                 format!("--junitxml={harness}/{JUNIT_FILE}"),
                 "-o".into(),
                 "junit_family=xunit2".into(),
@@ -245,17 +375,21 @@ pub fn test_invocation(
                  [pytest]\npythonpath = {}\naddopts =\nxfail_strict = true\n",
                 layout.work
             );
+            let mut harness_files = vec![
+                (INI_FILE.into(), ini),
+                (
+                    format!("{PINS_DIR}/{PINS_PLUGIN}.py"),
+                    PINS_SOURCE.to_string(),
+                ),
+            ];
+            if let Some(guard) = &layout.guard {
+                harness_files.extend(guard_files(&layout.work, harness, guard));
+            }
             Ok(TestInvocation {
                 argv,
                 report: ReportSource::JunitFile,
                 report_file: Some(JUNIT_FILE.into()),
-                harness_files: vec![
-                    (INI_FILE.into(), ini),
-                    (
-                        format!("{PINS_DIR}/{PINS_PLUGIN}.py"),
-                        PINS_SOURCE.to_string(),
-                    ),
-                ],
+                harness_files,
             })
         }
         "rust" => {
@@ -316,6 +450,7 @@ mod tests {
             test_paths: vec!["tests/test_stack.py".into()],
             canary: Some("/fleet/canary/test_fleet_canary_ab.py".into()),
             test_modules: Vec::new(),
+            guard: None,
         }
     }
 

@@ -42,6 +42,15 @@ struct FactoryVerifyParams {
     /// The run's base commit, which the test patch applies to.
     #[serde(default)]
     base_commit: String,
+    /// The work order's own checks (`shared::speccheck`).
+    #[serde(default)]
+    spec_checks: Option<shared::speccheck::SpecChecks>,
+    /// Modules code under test may import beyond the defaults.
+    #[serde(default)]
+    allow: Vec<String>,
+    /// The files the patch touched: the code under test the runner guard judges.
+    #[serde(default)]
+    code_under_test: Vec<String>,
 }
 
 /// PO: global verification (`scripts/verify.sh` or the seed's fallback), then the acceptance
@@ -90,20 +99,23 @@ pub async fn factory_verify(
         .await?;
     let mut acceptance = Vec::new();
     if brief.is_none() {
-        let commands: Vec<(Result<Vec<String>, String>, String)> = p
-            .acceptance_commands
-            .iter()
-            .map(|c| (factory::split_command(c), c.clone()))
-            .collect();
-        (acceptance, brief) = run_until_failure(
-            session,
-            &commands,
-            Stage::AcceptanceFailed,
-            "acceptance",
+        let run = crate::guarded_acceptance::run_acceptance(
+            place,
+            &p.acceptance_commands,
+            p.spec_checks.as_ref(),
+            &p.allow,
+            &p.code_under_test,
+            seed,
             timeout,
             art,
         )
         .await?;
+        acceptance = run.results;
+        brief = run.brief;
+        output["guard"] = json!(run.findings);
+        if let Some(category) = run.category {
+            output["category"] = json!(category);
+        }
     }
     output["acceptance"] = json!(acceptance);
     art.put_json("acceptance_result.json", &output["acceptance"])
@@ -148,6 +160,7 @@ async fn named_acceptance(
     let tree_hash = tree_hash_of(place.wt).await;
     let accepted = accept_named_tests(
         tests,
+        &p.code_under_test,
         &p.base_commit,
         place,
         seed,
@@ -314,6 +327,7 @@ async fn present_files(files: Vec<String>, place: &RunPlace<'_>) -> Vec<String> 
 /// Runs and judges the named tests (see the module's description).
 pub async fn accept_named_tests(
     tests: &NamedTests,
+    written: &[String],
     base_commit: &str,
     place: &RunPlace<'_>,
     seed: &str,
@@ -364,6 +378,7 @@ pub async fn accept_named_tests(
     let params: TestRunParams = match serde_json::from_value(json!({
         "command": command, "language": "python", "expect": "pass",
         "test_paths": files, "timeout_seconds": timeout_seconds,
+        "code_under_test": written,
     })) {
         Ok(p) => p,
         Err(e) => return Ok(Acceptance::Infra(format!("the test run's parameters: {e}"))),

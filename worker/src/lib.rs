@@ -12,6 +12,7 @@ pub mod claims;
 pub mod consumer;
 pub mod faults;
 pub mod git;
+pub mod guarded_acceptance;
 pub mod hardened;
 pub mod harness;
 pub mod memory_queue;

@@ -32,6 +32,12 @@ pub enum Stage {
     PatchApplyFailed,
     VerifyFailed,
     AcceptanceFailed,
+    /// The guard saw the code under test reach the test runner, or a must-fail twin passed.
+    RunnerTampered,
+    /// The spec's checks passed under the test runner and failed outside it, or the reverse.
+    RunnerDiffers,
+    /// The acceptance tests passed over code that fails the work order's own checks.
+    TestsMissSpec,
     Exception,
 }
 
@@ -51,6 +57,13 @@ pub struct WorkOrder {
     /// the agent's patch and judges each named test; `acceptance_commands` may then be empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tests: Option<NamedTests>,
+    /// The intent as executable examples and properties, checked by the harness itself
+    /// (`shared::speccheck`): planted among the acceptance tests and run outside the runner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks: Option<crate::speccheck::SpecChecks>,
+    /// Names the policy for code under test allows beyond its defaults (modules, builtins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_allow: Vec<String>,
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -98,6 +111,9 @@ impl WorkOrder {
         }
         for (i, c) in self.acceptance_commands.iter().enumerate() {
             super::split_command(c).map_err(|e| field(&format!("acceptance_commands[{i}]"), e))?;
+        }
+        if let Some(c) = &self.checks {
+            c.validate().map_err(|e| field("checks", e))?;
         }
         if self.context_files.len() > MAX_CONTEXT_FILES {
             return Err(field(

@@ -308,6 +308,7 @@ mod tests {
             test_paths: modules.iter().map(|m| m.path.clone()).collect(),
             canary: Some(canary("ab12")),
             test_modules: modules,
+            guard: None,
         }
     }
 

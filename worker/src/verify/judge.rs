@@ -218,8 +218,13 @@ pub async fn run_tests(
             }
         }
     };
+    output["tampered"] = json!(obs.tampered);
+    output["spec_checks"] = json!(obs.spec);
+    output["runner_differs"] = json!(super::guarded::differing(&obs.spec));
+    output["spec_failures"] = json!(super::guarded::failing(&obs.spec));
+    let (tampered, spec) = (obs.tampered.clone(), obs.spec.clone());
     let first = Verdict { obs, ok, error };
-    let (ok, error) = match rerun::settle(&p, place, seed, art, first, &mut output).await? {
+    let (mut ok, mut error) = match rerun::settle(&p, place, seed, art, first, &mut output).await? {
         Ok(v) => (v.ok, v.error),
         Err(e) => {
             return Ok(StepOutcome {
@@ -229,6 +234,17 @@ pub async fn run_tests(
             })
         }
     };
+    // Tampering fails any run; code that differs under the runner, or a spec check failing,
+    // fails a run that otherwise passed (else its findings stay in the output, beside an
+    // ordinary failure).
+    let passed = ok && p.expect == super::Expect::Pass;
+    if let Some(i) = super::guarded::integrity(&tampered, &spec, passed) {
+        if ok || i.category == "runner_tampered" {
+            ok = false;
+            error = Some(i.why);
+            output["category"] = json!(i.category);
+        }
+    }
     art.put_json("test_report.json", &output).await?;
     Ok(StepOutcome {
         status: if ok { JobStatus::Ok } else { JobStatus::Failed },

@@ -15,9 +15,11 @@
 //! runner's closing line.
 
 mod build;
+pub mod guarded;
 mod haskell;
 mod judge;
 mod observe;
+pub mod plant;
 mod rerun;
 #[cfg(test)]
 mod tests;
@@ -78,6 +80,17 @@ pub struct TestRunParams {
     /// What the agent claimed of its own run (`pass`, `fail`, or test id → outcome).
     #[serde(default)]
     pub claimed: Option<Claim>,
+    /// The spec's own checks: planted among the tests of a run that must pass, and run once
+    /// more outside the runner (`verify::guarded`).
+    #[serde(default)]
+    pub spec_checks: Option<shared::speccheck::SpecChecks>,
+    /// Modules code under test may import beyond the language's defaults (Python).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// The files agents wrote (relative to the worktree): the runner guard judges what code
+    /// in them does. Empty: every file of the worktree but the tests.
+    #[serde(default)]
+    pub code_under_test: Vec<String>,
 }
 
 pub(crate) fn python() -> String {
@@ -107,6 +120,11 @@ pub struct Observation {
     pub report: Result<TestRunReport, String>,
     pub stdout: String,
     pub stderr: String,
+    /// Signs the runner was tampered with (the guard's record, twins that passed): a run with
+    /// any is never a pass, and its report is refused.
+    pub tampered: Vec<String>,
+    /// The spec's checks, in the runner and outside it.
+    pub spec: Vec<guarded::SpecOutcome>,
 }
 
 pub fn bad_params(e: impl std::fmt::Display) -> StepOutcome {

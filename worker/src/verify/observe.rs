@@ -41,7 +41,10 @@ pub async fn observe(
     } else {
         Vec::new()
     };
+    let guard = (params.language == "python")
+        .then(|| super::guarded::guard_for(&mounts.work, params, &nonce(seed)));
     let layout = RunLayout {
+        guard: guard.clone(),
         work: mounts.work,
         harness: harness_mount.clone(),
         test_paths: params.test_paths.clone(),
@@ -67,10 +70,15 @@ pub async fn observe(
             if let Some(report) = &report {
                 safe_fs::remove_beneath(&dir, report).map_err(io)?;
             }
+            safe_fs::remove_beneath(&dir, lang::GUARD_RECORD).map_err(io)?;
             Ok::<(), String>(())
         })
         .await?;
     }
+    let guarded = match guard {
+        Some(g) => Some(super::guarded::prepare(place, params, g).await?),
+        None => None,
+    };
     // The runner ends itself a little before the container's own deadline would.
     let limit = params.timeout_seconds.max(1);
     let mut full = Vec::new();
@@ -97,8 +105,16 @@ pub async fn observe(
     let exec = place
         .session
         .exec(&full, None, Duration::from_secs(limit + 30))
-        .await
-        .map_err(|e| format!("the test command could not start: {e}"))?;
+        .await;
+    let mut findings = super::guarded::GuardFindings::default();
+    if let Some(g) = &guarded {
+        let (restored, record) = super::guarded::finish(place, g).await;
+        restored?;
+        if let Some(why) = record.verdict(exec.as_ref().is_ok_and(|e| !e.timed_out)) {
+            findings.tampered.push(why);
+        }
+    }
+    let exec = exec.map_err(|e| format!("the test command could not start: {e}"))?;
     if let Err(e) = place.session.kill_strays().await {
         tracing::warn!(error = %e, "could not kill processes left by the test run");
     }
@@ -126,11 +142,26 @@ pub async fn observe(
     let report = match (report, &canary, &hs_canary) {
         (Ok(r), Some((file, _)), _) => {
             let tag = file.trim_end_matches(".py");
-            take_canary(r, tag, &mut exit_code).and_then(|r| summary_agrees(r, &stdout, timed_out))
+            take_canary(r, tag, &mut exit_code)
+                .and_then(|r| summary_agrees(r, &stdout, timed_out))
+                .map(|r| match &guarded {
+                    Some(g) => super::guarded::take_planted(r, g, &mut findings, &mut exit_code),
+                    None => r,
+                })
         }
         (Ok(r), None, Some(tag)) => take_canary(r, tag, &mut exit_code)
             .and_then(|r| super::haskell::summary_agrees(r, &stdout, timed_out)),
         (r, _, _) => r,
+    };
+    if let Some(g) = &guarded {
+        super::guarded::run_outside(place, &layout, g, &mut findings).await?;
+    }
+    let report = match report {
+        Ok(_) if !findings.tampered.is_empty() => Err(format!(
+            "the runner was tampered with: {}",
+            findings.tampered.join("; ")
+        )),
+        r => r,
     };
     Ok(Observation {
         exec,
@@ -139,6 +170,8 @@ pub async fn observe(
         report,
         stdout,
         stderr,
+        tampered: findings.tampered,
+        spec: findings.spec,
     })
 }
 

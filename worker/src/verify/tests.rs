@@ -57,6 +57,8 @@ fn params(expect: &str, claimed: serde_json::Value) -> TestRunParams {
 
 fn observed(report: Result<TestRunReport, String>, exit_code: i64, timed_out: bool) -> Observation {
     Observation {
+        tampered: Vec::new(),
+        spec: Vec::new(),
         exec: ExecOutput {
             exit_code,
             stdout: Vec::new(),
