@@ -21,6 +21,7 @@ pub mod mutation;
 pub mod queue;
 pub mod quota;
 pub mod rabbitmq;
+pub mod redis_link;
 pub mod render;
 pub mod runner;
 pub mod safe_fs;
