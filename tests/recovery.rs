@@ -9,7 +9,6 @@ use fleet_tests::private_redis::PrivateRedis;
 use fleet_tests::stack::{make_calc_repo, sum_samples, Stack, StackConfig};
 use fleet_tests::submit::submit_with_script;
 use serde_json::json;
-use std::path::Path;
 use std::time::{Duration, Instant};
 use worker::quota::redis_ledger::RedisLedger;
 use worker::quota::Ledger;
