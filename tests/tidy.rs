@@ -4,7 +4,8 @@
 //!   named `tests.rs` and files under a `tests/` folder are test code): `lapin` by
 //!   `worker/src/rabbitmq.rs`, `bollard` by `worker/src/sandbox/docker.rs`, `redis` by
 //!   `coordinator/src/store/redis*.rs` (`redis.rs` and the files beside it, `redis_batches.rs`
-//!   and the like) and `worker/src/quota/redis_ledger.rs`, `object_store` by `worker/src/blobs.rs`, `git2` by
+//!   and the like), `worker/src/quota/redis_ledger.rs` and the connection both use,
+//!   `worker/src/redis_link.rs`, `object_store` by `worker/src/blobs.rs`, `git2` by
 //!   `worker/src/git*`;
 //! - `shared` (no I/O) depends on none of the I/O crates;
 //! - no `clippy::type_complexity` or `clippy::too_many_arguments` allowance in the crates'
@@ -247,7 +248,9 @@ fn io_crates_are_named_by_their_adapter_only() {
         ("lapin", |p| p.starts_with("worker/src/rabbitmq/")),
         ("bollard", |p| p == "worker/src/sandbox/docker.rs"),
         ("redis", |p| {
-            p.starts_with("coordinator/src/store/redis") || p == "worker/src/quota/redis_ledger.rs"
+            p.starts_with("coordinator/src/store/redis")
+                || p == "worker/src/quota/redis_ledger.rs"
+                || p == "worker/src/redis_link.rs"
         }),
         ("object_store", |p| p == "worker/src/blobs.rs"),
         ("git2", |p| p.starts_with("worker/src/git")),

@@ -99,8 +99,8 @@ where
 pub fn routes() -> Vec<Route> {
     use Verb::{Get, Post};
     let mut all = vec![
-        at(Get, "/healthz", healthz).public(),
-        at(Get, "/metrics", metrics).public(),
+        at(Get, "/healthz", crate::health::healthz).public(),
+        at(Get, "/metrics", crate::health::metrics).public(),
         at(Get, "/v1/openapi.json", openapi).public(),
         at(Post, "/v1/runs", create_run),
         at(Get, "/v1/runs", list_runs),
@@ -155,6 +155,9 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
         .with_state(coord)
 }
 
+/// What a 503 tells a client to wait before trying again, in seconds.
+const RETRY_AFTER_SECONDS: &str = "2";
+
 pub struct ApiError(
     pub(crate) StatusCode,
     pub(crate) String,
@@ -167,6 +170,15 @@ impl IntoResponse for ApiError {
             error: self.1,
             details: self.2,
         };
+        if self.0 == StatusCode::SERVICE_UNAVAILABLE {
+            // A server the request needs is away: the client may try again shortly.
+            return (
+                self.0,
+                [(header::RETRY_AFTER, RETRY_AFTER_SECONDS)],
+                Json(body),
+            )
+                .into_response();
+        }
         if self.0 == StatusCode::PAYLOAD_TOO_LARGE {
             // Refused before its body was read to the end: the rest of it is still on the
             // connection, which a client must not send its next request on.
@@ -197,6 +209,10 @@ impl From<DriverError> for ApiError {
             e @ DriverError::UnknownBatch(_) => {
                 ApiError(StatusCode::NOT_FOUND, e.to_string(), vec![])
             }
+            DriverError::Store(e @ shared::ports::PortError::Connection(_)) => {
+                tracing::warn!(error = %e, "request failed: the run store is away");
+                ApiError::unavailable(&e)
+            }
             other => {
                 error!(error = %other, "request failed");
                 ApiError(StatusCode::INTERNAL_SERVER_ERROR, other.to_string(), vec![])
@@ -205,15 +221,18 @@ impl From<DriverError> for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
-
-#[utoipa::path(
-    get, path = "/healthz",
-    responses((status = 200, body = String, description = "`ok`"))
-)]
-async fn healthz() -> &'static str {
-    "ok"
+impl ApiError {
+    /// 503 (with `retry-after`): a server the request needs did not answer.
+    pub(crate) fn unavailable(why: &dyn std::fmt::Display) -> ApiError {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("a server the fleet needs is away; try again shortly ({why})"),
+            vec![],
+        )
+    }
 }
+
+type ApiResult<T> = Result<T, ApiError>;
 
 /// This API's OpenAPI document.
 #[utoipa::path(
@@ -222,18 +241,6 @@ async fn healthz() -> &'static str {
 )]
 pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(crate::openapi::document())
-}
-
-/// Prometheus metrics, in the text exposition format.
-#[utoipa::path(
-    get, path = "/metrics",
-    responses((status = 200, body = String, content_type = "text/plain"))
-)]
-async fn metrics(State(c): State<Arc<Coordinator>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        c.metrics.render(),
-    )
 }
 
 /// Submits a run; `run_id` (optional) is the id the submitter chooses instead of the derived one.

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod decisions_api;
 pub mod driver;
 pub mod embedded;
+pub mod health;
 pub mod metrics;
 pub mod openapi;
 pub mod repo_roots;

@@ -1,6 +1,8 @@
 //! Prometheus metrics of a coordinator. Labels stay bounded.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 #[derive(Clone)]
 pub struct CoordinatorMetrics {
@@ -40,6 +42,9 @@ pub struct CoordinatorMetrics {
     /// Seconds the API took to answer, by route (its template, e.g. `/v1/runs/:id`), method
     /// and status class (`2xx`, `4xx`, `5xx`), the token guard included.
     pub api_seconds: HistogramVec,
+    /// 1 while a server the coordinator needs (`redis`) answers, 0 while it is away; set
+    /// when the metrics are read.
+    pub dependency_up: IntGaugeVec,
 }
 
 impl CoordinatorMetrics {
@@ -203,8 +208,20 @@ impl CoordinatorMetrics {
         registry
             .register(Box::new(api_seconds.clone()))
             .expect("unique");
+        let dependency_up = IntGaugeVec::new(
+            Opts::new(
+                "fleet_dependency_up",
+                "1 while the named server answers the coordinator, 0 while it is away",
+            ),
+            &["dependency"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(dependency_up.clone()))
+            .expect("unique");
         Self {
             api_seconds,
+            dependency_up,
             mirror_lookups,
             reconciles,
             mirror_writes,

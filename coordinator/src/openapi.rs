@@ -18,8 +18,8 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     paths(
-        api::healthz,
-        api::metrics,
+        crate::health::healthz,
+        crate::health::metrics,
         api::openapi,
         api::create_run,
         api::list_runs,

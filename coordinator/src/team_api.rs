@@ -30,8 +30,16 @@ pub(crate) fn routes() -> Vec<Route> {
 
 impl From<LedgerError> for ApiError {
     fn from(e: LedgerError) -> Self {
-        tracing::error!(error = %e, "quota ledger failed");
-        ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), vec![])
+        match e {
+            LedgerError::Backend(_) => {
+                tracing::warn!(error = %e, "request failed: the quota ledger is away");
+                ApiError::unavailable(&e)
+            }
+            LedgerError::Corrupt { .. } => {
+                tracing::error!(error = %e, "quota ledger failed");
+                ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), vec![])
+            }
+        }
     }
 }
 

@@ -212,6 +212,11 @@ pub trait MirrorIndex: Send + Sync {
 pub trait RunStore:
     BatchStore + ScheduleStore + TokenStore + JobSlotStore + MirrorIndex + Send + Sync
 {
+    /// The server this store reaches (e.g. `redis`) and whether it answered the store's last
+    /// call; `None` for a store with nothing to reach (in memory).
+    fn dependency(&self) -> Option<(&'static str, bool)> {
+        None
+    }
     /// Creates the run if absent; returns false when a run with that id exists (idempotent submit).
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError>;
     /// The run as stored: its last snapshot and the deltas appended after it.

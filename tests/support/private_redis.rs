@@ -89,6 +89,40 @@ impl PrivateRedis {
         self.spawn()
     }
 
+    /// Stops the server as `redis-cli shutdown` does: its append-only file is kept, so
+    /// `start_again` brings back everything it held.
+    pub async fn shutdown(&mut self) -> anyhow::Result<()> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let _: Result<(), _> = redis::cmd("SHUTDOWN").query_async(&mut conn).await;
+        if let Some(mut c) = self.child.take() {
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the stopped server again on its port and data, and waits until it answers a
+    /// `PING` (its data loaded): the moment a recovery is measured from.
+    pub async fn start_again(&mut self) -> anyhow::Result<Instant> {
+        self.spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let client = redis::Client::open(self.url())?;
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let pong: redis::RedisResult<String> =
+                    redis::cmd("PING").query_async(&mut conn).await;
+                if pong.is_ok() {
+                    return Ok(Instant::now());
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "redis did not answer after its restart"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn shutdown_nosave(&mut self) -> anyhow::Result<()> {
         let client = redis::Client::open(self.url())?;
         let mut conn = client.get_multiplexed_async_connection().await?;

@@ -22,6 +22,7 @@ pub mod mutation;
 pub mod queue;
 pub mod quota;
 pub mod rabbitmq;
+pub mod redis_link;
 pub mod render;
 pub mod runner;
 pub mod safe_fs;

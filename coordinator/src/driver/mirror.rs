@@ -261,7 +261,7 @@ impl Coordinator {
             warn!(run = %run, reissued, "the run store had lost this run; restored it from object storage");
             self.metrics.restored.inc();
             self.snapshot(&t.state).await?;
-            self.watch(run, &t.effects).await;
+            self.watch(&t.state, &t.effects).await;
             if t.applied == Applied::Changed {
                 self.outbox_ready.notify_one();
             }

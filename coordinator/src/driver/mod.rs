@@ -72,6 +72,8 @@ pub struct Coordinator {
     inbox: Mutex<inbox::Inbox>,
     /// Time after a started job's own timeout before the watchdog re-issues it.
     pub reissue_grace: Duration,
+    /// Time a run may wait for nothing before the watchdog ends it as stalled.
+    pub stall_grace: Duration,
     /// Time a published job may wait in the queue (plus its own timeout) before the watchdog
     /// issues it again.
     pub queue_grace: Duration,
@@ -171,6 +173,7 @@ impl Coordinator {
             run_locks: Mutex::new(HashMap::new()),
             inbox: Mutex::new(inbox::Inbox::default()),
             reissue_grace: Duration::from_secs(env_u64("FLEET_REISSUE_GRACE_SECONDS", 60)),
+            stall_grace: Duration::from_secs(env_u64("FLEET_STALL_GRACE_SECONDS", 60)),
             run_retention: Duration::from_secs(env_u64(
                 "FLEET_RUN_RETENTION_SECONDS",
                 7 * 24 * 3600,
@@ -275,7 +278,7 @@ impl Coordinator {
             self.outbox_ready.notify_one();
             worker::faults::point("coordinator.before_first_mirror").await;
             let watch = async {
-                self.watch(&t.state.run_id, &t.effects).await;
+                self.watch(&t.state, &t.effects).await;
                 Ok(())
             };
             let (first, active) = (self.first_snapshot(&t.state), self.mark_active(&t.state));
@@ -384,7 +387,7 @@ impl Coordinator {
                     self.mirror_commit(&base, &current, &delta).await?;
                     phase.end("mirror");
                     self.after_commit(&current, &effects);
-                    self.watch(run, &effects).await;
+                    self.watch(&current, &effects).await;
                     self.control(&effects).await;
                     // Before the messages that ended the attempts are acked.
                     self.release_slots(&current, events).await;

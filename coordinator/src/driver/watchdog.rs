@@ -4,10 +4,15 @@
 //! event; the engine ignores the ones a later start, a result or a newer attempt superseded.
 //! A due deadline is leased, not removed, until the event is applied: a coordinator that dies
 //! in between leaves it to the next.
+//!
+//! A commit that leaves its run waiting for nothing (`shared::engine::stall`: running, no job
+//! in flight, nothing held, no decision, no child run) is watched the same way, for the stall
+//! grace (`FLEET_STALL_GRACE_SECONDS`, 60 s): past it, `Event::Stalled` ends the run
+//! `run_stalled` unless it moved meanwhile (the engine decides, from the state).
 
 use super::{Coordinator, DriverError};
 use chrono::{DateTime, Utc};
-use shared::engine::{Applied, Effect, Event};
+use shared::engine::{stall, Applied, Effect, Event, RunState};
 use shared::ids::{JobId, RunId};
 use shared::time::rfc3339;
 use std::sync::Arc;
@@ -17,6 +22,9 @@ use tracing::warn;
 
 /// Seconds a due deadline is leased to the coordinator acting on it.
 const LEASE_SECONDS: i64 = 30;
+
+/// The job a stall watch names (no job id has a `~`); its start is the run's last change.
+const STALL: &str = "~stall";
 
 /// A deadline as stored: `<run>|<job>|<attempt>|<started_at>` (`started_at` in RFC 3339,
 /// empty for a queued job).
@@ -51,11 +59,20 @@ fn encode(run: &RunId, job: &JobId, attempt: u32, started_at: Option<&DateTime<U
 }
 
 impl Coordinator {
-    /// Records the deadlines of the jobs a transition published or saw start.
-    pub(super) async fn watch(&self, run: &RunId, effects: &[Effect]) {
+    /// Records the deadlines of the jobs a transition published or saw start, and the
+    /// stall grace of a run it left waiting for nothing.
+    pub(super) async fn watch(&self, state: &RunState, effects: &[Effect]) {
+        let run = &state.run_id;
         let now = self.clock.now().timestamp();
         let secs = |d: Duration| d.as_secs() as i64;
         let mut watches = Vec::new();
+        if stall::is_stalled(state) {
+            let since = Some(&state.updated_at);
+            watches.push((
+                encode(run, &JobId::new(STALL), 0, since),
+                now + secs(self.stall_grace),
+            ));
+        }
         for fx in effects {
             match fx {
                 Effect::Watch {
@@ -114,6 +131,9 @@ impl Coordinator {
             warn!(watch = raw, "dropping a malformed deadline");
             return true;
         };
+        if w.job == STALL {
+            return self.act_on_stall(&w).await;
+        }
         let event = Event::Reissue {
             job_id: JobId::new(w.job),
             attempt: w.attempt,
@@ -136,6 +156,33 @@ impl Coordinator {
             Ok(_) | Err(DriverError::UnknownRun(_)) => true,
             Err(e) => {
                 warn!(run = w.run, job = w.job, error = %e, "could not re-issue a job; trying again");
+                false
+            }
+        }
+    }
+}
+
+impl Coordinator {
+    /// Ends a run still waiting for nothing a grace after it was seen so; false when it must
+    /// be tried again.
+    async fn act_on_stall(&self, w: &Watch<'_>) -> bool {
+        let Some(since) = w.started_at else {
+            warn!(run = w.run, "dropping a stall watch without its time");
+            return true;
+        };
+        let event = Event::Stalled {
+            since,
+            at: self.clock.now(),
+        };
+        match self.apply(&RunId::new(w.run), &event).await {
+            Ok(Applied::Changed) => {
+                warn!(run = w.run, since = %rfc3339(&since),
+                    "run waited for nothing (no job in flight, nothing queued or held, no decision); ended it as stalled");
+                true
+            }
+            Ok(_) | Err(DriverError::UnknownRun(_)) => true,
+            Err(e) => {
+                warn!(run = w.run, error = %e, "could not end a stalled run; trying again");
                 false
             }
         }

@@ -334,7 +334,7 @@ mod tests {
             404
         );
         let lost = shared::ports::PortError::Connection("refused".into());
-        assert_eq!(answer(lost.into()).await.0, 500);
+        assert_eq!(answer(lost.into()).await.0, 503);
     }
 
     #[test]

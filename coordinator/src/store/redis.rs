@@ -3,14 +3,15 @@
 //! checks the version, writes the new state and appends the outbox messages in one atomic step.
 //! The outbox is a list; a relay claims messages into its own in-flight list (LMOVE), publishes
 //! them with confirms, then forgets them. In-flight lists of relays that stopped heartbeating are
-//! moved back. The connection manager reconnects on its own.
+//! moved back. The connection is a `worker::redis_link::RedisLink`: one connection, replaced
+//! the moment it is seen dead, so a restarted Redis is used again on the next call.
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use shared::engine::RunState;
 use shared::ids::RunId;
 use shared::ports::{CasOutcome, OutboxMessage, PortError, RunStore, StoredRun};
+use worker::redis_link::{RedisLink, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -69,8 +70,11 @@ redis.call('SET', KEYS[1], ARGV[1], 'NX')
 return redis.call('GET', KEYS[1])
 "#;
 
-/// No call to Redis waits longer than this (a blocked server is an error, not a hang).
-const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// No call to Redis waits longer than this (a blocked server is an error, not a hang): a
+/// connect and an answer, each within the link's own timeout, and a second more.
+const CALL_TIMEOUT: std::time::Duration = RESPONSE_TIMEOUT
+    .saturating_add(CONNECT_TIMEOUT)
+    .saturating_add(std::time::Duration::from_secs(1));
 
 /// How long an owner's lease lasts without a heartbeat.
 const LEASE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -81,7 +85,7 @@ return #ARGV
 "#;
 
 pub struct RedisRunStore {
-    pub(super) conn: ConnectionManager,
+    pub(super) conn: RedisLink,
     pub(super) ns: String,
     lease: std::time::Duration,
     create: Script,
@@ -111,15 +115,12 @@ pub(super) fn encode<T: serde::Serialize>(v: &T) -> Result<String, PortError> {
     serde_json::to_string(v).map_err(|e| PortError::Encoding(e.to_string()))
 }
 
-/// Runs one Redis call with the call timeout; a call that found the connection dropped (the
-/// server restarted: the connection manager reconnects on the next call) is tried once more.
-pub(super) async fn timed<T, F, Fut>(
-    what: &str,
-    conn: &ConnectionManager,
-    call: F,
-) -> Result<T, PortError>
+/// Runs one Redis call with the call timeout; a call that found the connection dropped or
+/// Redis refusing (the server restarted: the link connects again on the next call) is tried
+/// once more. A call without an answer is not: it may have been applied.
+pub(super) async fn timed<T, F, Fut>(what: &str, conn: &RedisLink, call: F) -> Result<T, PortError>
 where
-    F: Fn(ConnectionManager) -> Fut,
+    F: Fn(RedisLink) -> Fut,
     Fut: std::future::Future<Output = redis::RedisResult<T>>,
 {
     let mut tries = 0;
@@ -127,8 +128,13 @@ where
         tries += 1;
         match tokio::time::timeout(CALL_TIMEOUT, call(conn.clone())).await {
             Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if tries < 2 && (e.is_connection_dropped() || e.is_io_error()) => {
+            Ok(Err(e)) if tries < 2 && (e.is_connection_dropped() || e.is_connection_refusal()) => {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Ok(Err(e)) if e.is_timeout() => {
+                return Err(PortError::Connection(format!(
+                    "redis did not answer `{what}` within {RESPONSE_TIMEOUT:?}"
+                )))
             }
             Ok(Err(e)) => return Err(err(e)),
             Err(_) => {
@@ -142,13 +148,7 @@ where
 
 impl RedisRunStore {
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, PortError> {
-        let client = redis::Client::open(url).map_err(err)?;
-        let conn = tokio::time::timeout(CALL_TIMEOUT, ConnectionManager::new(client))
-            .await
-            .map_err(|_| {
-                PortError::Connection(format!("redis did not answer within {CALL_TIMEOUT:?}"))
-            })?
-            .map_err(err)?;
+        let conn = RedisLink::connect(url).await.map_err(err)?;
         Ok(Self {
             conn,
             ns: namespace.to_string(),
@@ -234,6 +234,10 @@ impl RedisRunStore {
 
 #[async_trait]
 impl RunStore for RedisRunStore {
+    fn dependency(&self) -> Option<(&'static str, bool)> {
+        Some(("redis", self.conn.is_up()))
+    }
+
     async fn create(&self, state: &RunState, outbox: &[OutboxMessage]) -> Result<bool, PortError> {
         let mut inv = self.create.prepare_invoke();
         inv.key(self.run_key(&state.run_id))

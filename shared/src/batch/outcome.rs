@@ -11,9 +11,14 @@ use serde_json::Value;
 
 /// Run results whose `reason` says the infrastructure failed, not the agent: a job
 /// dead-lettered, a job re-issued until its attempts ran out (lost workers), a commit the
-/// engine expected and never got. Every other reason (`budget_exhausted`, `fanout_too_wide`,
+/// engine expected and never got, a run that stopped moving without ending. Every other reason (`budget_exhausted`, `fanout_too_wide`,
 /// ...) is the graph's or the agent's.
-pub const INFRA_REASONS: &[&str] = &["job_dead_lettered", "job_never_finished", "missing_commit"];
+pub const INFRA_REASONS: &[&str] = &[
+    "job_dead_lettered",
+    "job_never_finished",
+    "missing_commit",
+    crate::engine::stall::STALLED_REASON,
+];
 
 /// What an ended run means for its item (see [`outcome_of`]).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -99,6 +99,12 @@ pub enum Event {
         notice: Box<crate::session::ProgressNotice>,
         at: DateTime<Utc>,
     },
+    /// The driver found the run waiting for nothing (`stall::is_stalled`) since its change at
+    /// `since`, a grace ago: unless it moved since, it ends `failed` (`run_stalled`).
+    Stalled {
+        since: DateTime<Utc>,
+        at: DateTime<Utc>,
+    },
 }
 
 impl Event {

@@ -30,6 +30,7 @@ mod publish;
 pub mod quarantine;
 mod sessions;
 mod siblings;
+pub mod stall;
 mod state;
 mod step;
 
@@ -100,7 +101,8 @@ pub fn apply_in_place(
         | Event::SiblingEvent { at, .. }
         | Event::FromSibling { at, .. }
         | Event::Budget { at, .. }
-        | Event::Progress { at, .. } => *at,
+        | Event::Progress { at, .. }
+        | Event::Stalled { at, .. } => *at,
     };
     enum Step {
         Start,
@@ -117,6 +119,7 @@ pub fn apply_in_place(
         Receive,
         Progress(JobRecord),
         Budget,
+        Stalled,
     }
     let step = match event {
         Event::Start { .. } => {
@@ -313,6 +316,15 @@ pub fn apply_in_place(
             }
             Step::Receive
         }
+        Event::Stalled { since, .. } => {
+            if state.updated_at > *since {
+                return unchanged(Applied::Ignored("the run moved since"));
+            }
+            if !stall::is_stalled(state) {
+                return unchanged(Applied::Ignored("the run is not stalled"));
+            }
+            Step::Stalled
+        }
     };
     let mut e = Engine {
         bundle,
@@ -410,6 +422,15 @@ pub fn apply_in_place(
             e.progress(&record.node, notice)?
         }
         (Step::Budget, Event::Budget { limit_usd, by, .. }) => e.set_budget(*limit_usd, by),
+        (Step::Stalled, _) => {
+            let result = json!({
+                "reason": stall::STALLED_REASON,
+                "detail": "the run was running with no job in flight, nothing held, \
+                    no decision and no child run to wait for",
+                "stuck": stall::stuck_state(e.state),
+            });
+            e.finish(RunStatus::Failed, result);
+        }
         _ => unreachable!("the step matches its event"),
     }
     e.state.updated_at = at;

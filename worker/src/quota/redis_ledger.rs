@@ -8,13 +8,17 @@
 //! and one a dead coordinator took is handed on after a minute.
 
 use super::{parse_notice, Admission, Call, Delivery, Ledger, LedgerError, Rates};
+use crate::redis_link::RedisLink;
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use shared::quota::{Bounds, QuotaNotice, QuotaScope, Rate, Spent, TeamLimits};
 use std::time::Duration;
 
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// No call waits longer than this: a connect and an answer, each within the link's own
+/// timeout, and a second more.
+const CALL_TIMEOUT: Duration = crate::redis_link::RESPONSE_TIMEOUT
+    .saturating_add(crate::redis_link::CONNECT_TIMEOUT)
+    .saturating_add(Duration::from_secs(1));
 const GROUP: &str = "coordinators";
 /// A notice a consumer took and did not finish is handed on after this.
 const CLAIM_IDLE_MS: u64 = 60_000;
@@ -128,7 +132,7 @@ return 1
 "#;
 
 pub struct RedisLedger {
-    conn: ConnectionManager,
+    conn: RedisLink,
     ns: String,
     admit: Script,
     record: Script,
@@ -151,11 +155,7 @@ fn limit_arg(limit: u64) -> String {
 
 impl RedisLedger {
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, LedgerError> {
-        let client = redis::Client::open(url).map_err(backend)?;
-        let conn = tokio::time::timeout(CALL_TIMEOUT, ConnectionManager::new(client))
-            .await
-            .map_err(|_| backend(format!("redis did not answer within {CALL_TIMEOUT:?}")))?
-            .map_err(backend)?;
+        let conn = RedisLink::connect(url).await.map_err(backend)?;
         let ledger = Self {
             conn,
             ns: namespace.to_string(),

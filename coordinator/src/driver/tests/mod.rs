@@ -9,10 +9,12 @@
 //!   result of a superseded attempt, the watchdog's re-issue, cancel with late results, and a
 //!   second coordinator finishing a run the first left mid-way;
 //! - `stored.rs`: a run stored as a snapshot and deltas, replayed; forged deltas refused;
+//! - `stalls.rs`: a run that waits for nothing ended `run_stalled` after the stall grace;
 //! - `mirrored.rs`: a finished run's deltas removed from its mirror, by key or by a listing.
 
 mod cluster;
 mod delivery;
 mod mirrored;
 mod runs;
+mod stalls;
 mod stored;

@@ -7,6 +7,7 @@
 //!   its bounds, cancels cascading, first failures, reports that must not count;
 //! - `siblings.rs`: events between sibling runs: delivered once to the running siblings only;
 //! - `deadlines.rs`: started and queued deadlines, re-issues and restores (fencing);
+//! - `stalls.rs`: a run that waits for nothing ended `run_stalled`, and the runs left alone;
 //! - `join_order.rs`: property test: joins fire once and the run ends once whatever the order,
 //!   duplicates and stale attempts of the branch results;
 //! - `stored.rs`: run states of the previous version (times as text) read; what is written reads
@@ -31,6 +32,7 @@ mod join_order;
 mod quarantine;
 mod sessions;
 mod siblings;
+mod stalls;
 mod stored;
 
 fn factory_bundle() -> GraphBundle {
