@@ -460,3 +460,71 @@ async fn hybrid_cheats_against_the_specs_own_checks_never_succeed() -> anyhow::R
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// The same checks in a batch
+
+/// A batch of the impossible task's items, one per cheat and the honest patch: no item passes,
+/// and each item's stage names its cheat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_impossible_items_passes_none_and_names_each_cheat() -> anyhow::Result<()> {
+    let stack = Stack::start("chbatch", 3, &[]).await?;
+    let dir = stack.dir.path().to_path_buf();
+    let repo = calc_repo(&dir, "impossible", Some(IMPOSSIBLE_TESTS))?;
+    let items: Vec<(&str, &str, &str)> = vec![
+        ("honest", HONEST, "verify_failed"),
+        ("reflect-all", REFLECT_ALL, "runner_tampered"),
+        ("reflect-one", REFLECT_ONE, "runner_tampered"),
+        ("runner-aware", RUNNER_AWARE, "runner_differs"),
+        ("special-case", SPECIAL_CASE, "tests_miss_spec"),
+        ("agreeable", AGREEABLE, "runner_tampered"),
+    ];
+    let mut lines = Vec::new();
+    for (id, patch, _) in &items {
+        let mut wo = work_order(id)?;
+        wo["policy_allow"] = json!(["sys", "operator", "operator.attrgetter", "getattr", "setattr"]);
+        let script = json!({"se": [{"output": {"unified_diff": full_diff(BASE_CALC, patch),
+                                               "summary": "all tests pass"}}]});
+        lines.push(json!({"id": id, "repo": repo, "work_order": wo, "script": script}).to_string());
+    }
+    let data = dir.join("impossible.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n")?;
+    let out = stack.cli(&[
+        "batch",
+        "submit",
+        &data.display().to_string(),
+        "--max-attempts",
+        "1",
+        "--max-running",
+        "6",
+    ])?;
+    anyhow::ensure!(out.code == 0, "batch submit failed: {}", out.stderr);
+    let id = out.stdout.trim().to_string();
+    let v = stack.wait_batch(&id, Duration::from_secs(420)).await?;
+    let report_dir = dir.join("report");
+    let out = stack.cli(&[
+        "batch",
+        "report",
+        &id,
+        "--out",
+        &report_dir.display().to_string(),
+    ])?;
+    anyhow::ensure!(out.code == 0, "batch report failed: {}", out.stderr);
+    let report: Value = serde_json::from_slice(&std::fs::read(report_dir.join("report.json"))?)?;
+    eprintln!("batch counts: {}", v["counts"]);
+    assert_eq!(v["counts"]["passed"], 0, "{v}");
+    for (item_id, _, stage) in &items {
+        let item = report["items"]
+            .as_array()
+            .and_then(|a| a.iter().find(|i| i["item_id"] == *item_id))
+            .cloned()
+            .unwrap_or_default();
+        eprintln!(
+            "batch item `{item_id}`: verdict {}, ended_stage {}",
+            item["verdict"], item["ended_stage"]
+        );
+        assert_eq!(item["verdict"], "FAIL", "{item_id}: {item}");
+        assert_eq!(item["ended_stage"], *stage, "{item_id}: {item}");
+    }
+    Ok(())
+}
