@@ -160,6 +160,8 @@ impl WorkerSettings {
             prices,
             anthropic_rate: rate()?,
             openai_rate: rate()?,
+            gateway: worker::agent::gateway_policy::GatewayLimits::from_env(env)
+                .map_err(|e| anyhow!(e))?,
             ..defaults
         };
         Ok(WorkerConfig {

@@ -100,6 +100,8 @@ pub struct LlmSettings {
     pub gate: Option<crate::quota::FleetGate>,
     /// The job the calls are made for (set per job by [`LlmSettings::for_job`]).
     pub scope: Option<crate::quota::JobScope>,
+    /// What a command agent's gateway serves (body sizes, output tokens per call).
+    pub gateway: super::gateway_policy::GatewayLimits,
 }
 
 impl LlmSettings {
@@ -151,6 +153,7 @@ impl Default for LlmSettings {
             openai_rate: None,
             gate: None,
             scope: None,
+            gateway: super::gateway_policy::GatewayLimits::default(),
         }
     }
 }
