@@ -7,3 +7,5 @@
 
 #[path = "tenancy/gateway.rs"]
 mod gateway;
+#[path = "tenancy/repos.rs"]
+mod repos;
