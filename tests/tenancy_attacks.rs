@@ -9,3 +9,5 @@
 mod gateway;
 #[path = "tenancy/repos.rs"]
 mod repos;
+#[path = "tenancy/webhooks.rs"]
+mod webhooks;

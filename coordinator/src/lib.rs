@@ -24,3 +24,4 @@ pub mod tracking_api;
 pub mod tree_api;
 pub mod uploads;
 pub mod web;
+pub mod webhook_guard;
