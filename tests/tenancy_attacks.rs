@@ -7,6 +7,8 @@
 
 #[path = "tenancy/gateway.rs"]
 mod gateway;
+#[path = "tenancy/open_api.rs"]
+mod open_api;
 #[path = "tenancy/repos.rs"]
 mod repos;
 #[path = "tenancy/webhooks.rs"]

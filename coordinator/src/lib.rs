@@ -7,6 +7,7 @@ pub mod api;
 mod api_timing;
 pub mod auth_api;
 pub mod batches;
+mod browser_guard;
 pub mod cli;
 pub mod decisions_api;
 pub mod driver;
