@@ -259,8 +259,10 @@ async fn a_team_is_warned_at_80_percent_and_stopped_at_100_at_its_next_llm_call(
     };
     let (headers, body, _) = warning;
     let signature = header(&headers, "x-fleet-signature").to_string();
+    // Signed with team a's own key (issue 42: one team's key verifies no other's).
+    let key = shared::schedule::webhook::team_secret(SECRET, "team-a");
     assert!(shared::schedule::webhook::verify(
-        SECRET.as_bytes(),
+        key.as_bytes(),
         &body,
         &signature
     ));
@@ -620,11 +622,8 @@ async fn a_teams_webhook_hears_of_its_runs_approvals_and_batches() -> anyhow::Re
                 .find(|(h, _, s)| header(h, "x-fleet-event") == "team.batch_finished" && *s == 200)
                 .map(|(h, _, _)| header(h, "x-fleet-signature").to_string())
                 .unwrap_or_default();
-            assert!(shared::schedule::webhook::verify(
-                SECRET.as_bytes(),
-                body,
-                &h
-            ));
+            let key = shared::schedule::webhook::team_secret(SECRET, "team-d");
+            assert!(shared::schedule::webhook::verify(key.as_bytes(), body, &h));
             let body: Value = serde_json::from_slice(body)?;
             assert_eq!(body["batch_id"], batch.as_str());
             assert_eq!(body["counts"]["passed"], 1, "{body}");

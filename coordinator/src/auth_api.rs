@@ -34,6 +34,13 @@ pub(crate) async fn guard(
     mut req: Request,
     next: Next,
 ) -> Response {
+    if g.coord.open_api {
+        let hosts = crate::browser_guard::hosts_from_env();
+        let refused = crate::browser_guard::refused(req.headers(), req.method(), g.path, hosts);
+        if let Some((status, why)) = refused {
+            return ApiError(status, why, vec![]).into_response();
+        }
+    }
     if g.access == Access::Public {
         return next.run(req).await;
     }

@@ -48,6 +48,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi};
         crate::team_api::show,
         crate::team_api::set_limits,
         crate::team_api::set_webhook,
+        crate::team_api::webhook_secret,
         crate::team_api::events,
         crate::team_api::deliveries,
         crate::web::page,

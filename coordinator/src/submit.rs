@@ -100,7 +100,9 @@ pub async fn submit_as(
 ) -> Result<SubmitResponse, DriverError> {
     let bundle = req.graph.clone();
     check(&bundle).map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect()))?;
-    // Before anything else touches the disk: a path this coordinator may open at all.
+    // Before anything else touches the disk: a path this caller may open at all; from here
+    // on the repository is its canonical path, the one checked.
+    let mut req = req;
     match (&req.upload, req.repo.is_empty()) {
         (Some(_), false) => {
             return Err(SubmitError::Input(
@@ -111,10 +113,13 @@ pub async fn submit_as(
         (Some(upload), true) => {
             upload.shown().map_err(SubmitError::Input)?;
         }
-        (None, _) => coord
-            .repo_roots
-            .check(&req.repo, coord.open_api)
-            .map_err(SubmitError::Input)?,
+        (None, _) => {
+            let real = coord
+                .repo_roots
+                .check(&req.repo, req.team.as_deref(), coord.open_api)
+                .map_err(SubmitError::Input)?;
+            req.repo = real.display().to_string();
+        }
     }
     let budget = match req.budget_usd.map(shared::tracking::RunBudget::new) {
         None => None,
@@ -133,6 +138,12 @@ pub async fn submit_as(
             secret,
         };
         hook.check()
+            .map_err(|e| SubmitError::Input(format!("webhook: {e}")))?;
+        coord
+            .http
+            .policy
+            .check_url(url)
+            .await
             .map_err(|e| SubmitError::Input(format!("webhook: {e}")))?;
     }
     if let Some(why) = crate::agent_checks::agent_exceeds(&req.agent, &bundle.graph) {

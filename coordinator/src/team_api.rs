@@ -23,6 +23,7 @@ pub(crate) fn routes() -> Vec<Route> {
         at(Verb::Get, "/v1/team", show),
         at(Verb::Post, "/v1/team/limits", set_limits).admin(),
         at(Verb::Post, "/v1/team/webhook", set_webhook).admin(),
+        at(Verb::Get, "/v1/team/webhook/secret", webhook_secret).admin(),
         at(Verb::Get, "/v1/team/events", events),
         at(Verb::Get, "/v1/team/deliveries", deliveries),
     ]
@@ -152,9 +153,35 @@ pub(crate) async fn set_webhook(
         };
         hook.check()
             .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("webhook: {e}"), vec![]))?;
+        c.http
+            .policy
+            .check_url(url)
+            .await
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("webhook: {e}"), vec![]))?;
     }
     c.ledger.set_webhook(&team, body.url.as_deref()).await?;
     show(State(c), Extension(p), Query(q)).await
+}
+
+/// The key the team's notices (and its runs') are signed with (admins): its own, derived
+/// from the coordinator's `FLEET_WEBHOOK_SECRET`; no other team's key verifies them.
+#[utoipa::path(get, path = "/v1/team/webhook/secret", params(TeamQuery),
+    responses((status = 200, body = Object), (status = 400, body = shared::http::ErrorBody)))]
+pub(crate) async fn webhook_secret(
+    State(c): State<Arc<Coordinator>>,
+    Extension(p): Extension<Principal>,
+    Query(q): Query<TeamQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let team = team_of(&p, &q)?;
+    let Some(master) = c.webhook_secret.as_deref() else {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "this coordinator has no FLEET_WEBHOOK_SECRET: it signs no notices".into(),
+            vec![],
+        ));
+    };
+    let secret = shared::schedule::webhook::team_secret(master, &team);
+    Ok(Json(serde_json::json!({"team": team, "secret": secret})))
 }
 
 /// The team's budget notices, newest first (at most 500 are kept).

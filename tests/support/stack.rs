@@ -53,6 +53,9 @@ pub fn base_env(ns: &str) -> Vec<(String, String)> {
         // The API without tokens, as for local use; the auth tests turn it off
         // (`FLEET_OPEN_API=0` in their coordinator's environment).
         ("FLEET_OPEN_API", "1"),
+        // Webhook receivers of the tests listen on 127.0.0.1, an address the fleet refuses
+        // unless its operator allows it (tests/tenancy_attacks.rs turns it off).
+        ("FLEET_WEBHOOK_ALLOW", "127.0.0.1"),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -72,6 +72,15 @@ pub struct CoordinatorArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub open_api: bool,
+    /// Serve the open API on an address other than loopback (every host that reaches it is
+    /// an admin over every team).
+    #[arg(
+        long,
+        env = "FLEET_OPEN_API_ANY_ADDRESS",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub open_api_any_address: bool,
 }
 
 #[derive(Args)]
@@ -160,6 +169,8 @@ impl WorkerSettings {
             prices,
             anthropic_rate: rate()?,
             openai_rate: rate()?,
+            gateway: worker::agent::gateway_policy::GatewayLimits::from_env(env)
+                .map_err(|e| anyhow!(e))?,
             ..defaults
         };
         Ok(WorkerConfig {

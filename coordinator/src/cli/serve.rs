@@ -123,7 +123,15 @@ pub async fn coordinator(a: CoordinatorArgs) -> anyhow::Result<i32> {
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.listen))?;
-    info!(coordinator = %id, listen = %listener.local_addr()?, "coordinator ready");
+    // The open API has no tokens: served on loopback only, unless the operator says so.
+    let bound = listener.local_addr()?;
+    if a.open_api && !bound.ip().is_loopback() && !a.open_api_any_address {
+        anyhow::bail!(
+            "the open API (no tokens) is served on a loopback address only, not {bound}: \
+             listen on 127.0.0.1, or pass --open-api-any-address (FLEET_OPEN_API_ANY_ADDRESS=1)"
+        );
+    }
+    info!(coordinator = %id, listen = %bound, "coordinator ready");
     // Whoever started us may have closed stdout; the address is in the log line above too.
     let _ = writeln!(
         std::io::stdout(),

@@ -100,7 +100,7 @@ pub struct Coordinator {
     pub ledger: Arc<dyn worker::quota::Ledger>,
     /// Rung with a run's id after every commit of it here (the dashboard's live views).
     pub run_changed: tokio::sync::broadcast::Sender<RunId>,
-    http: reqwest::Client,
+    pub(crate) http: crate::schedules::webhook::WebhookClient,
     /// What this coordinator last mirrored of each run.
     mirrored: Mutex<HashMap<RunId, mirror::MirrorMark>>,
     states: state_cache::StateCache,

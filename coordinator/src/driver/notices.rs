@@ -70,12 +70,18 @@ impl Coordinator {
             self.forget(&raw).await;
             return;
         };
+        // A team's run is signed with the team's own key, and says whose it is.
+        let secret = match &notice.team {
+            Some(team) => shared::schedule::webhook::team_secret(&secret, team),
+            None => secret,
+        };
         let hook = Webhook {
             url: notice.url.clone(),
             secret,
         };
         let body = serde_json::to_vec(&json!({
-            "v": 1, "run_id": run, "delivery": notice.delivery, "event": notice.event,
+            "v": 1, "run_id": run, "team": notice.team, "delivery": notice.delivery,
+            "event": notice.event,
         }))
         .expect("a notice serializes");
         let shot = Shot {
@@ -112,7 +118,7 @@ impl Coordinator {
 
 /// One notice's POSTs to one webhook.
 pub(super) struct Shot<'a> {
-    pub http: &'a reqwest::Client,
+    pub http: &'a crate::schedules::webhook::WebhookClient,
     pub clock: &'a dyn shared::time::Clock,
     pub hook: &'a Webhook,
     pub body: &'a [u8],

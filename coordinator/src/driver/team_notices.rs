@@ -71,14 +71,17 @@ impl Coordinator {
 #[derive(Clone)]
 pub(crate) struct TeamPost {
     ledger: Arc<dyn worker::quota::Ledger>,
-    http: reqwest::Client,
+    http: crate::schedules::webhook::WebhookClient,
     secret: Option<String>,
     clock: Arc<dyn shared::time::Clock>,
 }
 
 impl TeamPost {
     /// Delivers `body` as `event` under `delivery` (its id), if the team has a webhook.
-    pub(crate) async fn deliver(&self, team: &str, event: &str, delivery: &str, body: Value) {
+    pub(crate) async fn deliver(&self, team: &str, event: &str, delivery: &str, mut body: Value) {
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("team".into(), Value::String(team.to_string()));
+        }
         let url = match self.ledger.webhook(team).await {
             Ok(Some(url)) => url,
             Ok(None) => return,
@@ -102,6 +105,7 @@ impl TeamPost {
             self.log(team, &log, &body).await;
             return;
         };
+        let secret = shared::schedule::webhook::team_secret(&secret, team);
         let hook = Webhook { url, secret };
         let bytes = serde_json::to_vec(&body).expect("a notice serializes");
         let shot = Shot {

@@ -25,7 +25,7 @@ const TICK: Duration = Duration::from_millis(500);
 struct Driver {
     coord: Arc<Coordinator>,
     policy: RetryPolicy,
-    http: reqwest::Client,
+    http: webhook::WebhookClient,
     /// Definitions by name (checked against the state's uid every tick).
     loaded: HashMap<String, Arc<Loaded>>,
     /// Per schedule: the last tick claimed and the tick after it (the cron is not searched
@@ -271,7 +271,7 @@ async fn attempt(
     loaded: &Loaded,
     firing: &Firing,
     n: u32,
-    http: &reqwest::Client,
+    http: &webhook::WebhookClient,
 ) -> Result<u16, String> {
     let hook = loaded
         .def

@@ -180,6 +180,12 @@ pub async fn add_schedule(
         reqwest::Url::parse(&hook.url).map_err(|e| {
             shared::schedule::ScheduleError::Webhook(format!("the url does not parse: {e}"))
         })?;
+        coord
+            .http
+            .policy
+            .check_url(&hook.url)
+            .await
+            .map_err(shared::schedule::ScheduleError::Webhook)?;
     }
     if coord.store.schedule_state(&def.name).await?.is_some() {
         return Err(ScheduleError::Exists(shown));

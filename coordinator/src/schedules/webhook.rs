@@ -1,26 +1,51 @@
 //! One delivery attempt: the stored body POSTed to the schedule's webhook with its signature,
 //! delivery id and timestamp (see `shared::schedule::webhook`). Redirects are not followed (a
-//! POST must not turn into a GET elsewhere); errors never carry the URL (its path may hold a
-//! token).
+//! POST must not turn into a GET elsewhere), no proxy is used, and only addresses the fleet's
+//! policy allows are connected to (`crate::webhook_guard`); what a failed attempt records is a
+//! coarse outcome (`timed out`, `could not connect`, `address not allowed`, `failed`), never
+//! the error's text, which would tell a member what listens inside the fleet's network.
 
+use crate::webhook_guard::{AddressPolicy, GuardedResolver, NOT_ALLOWED};
 use shared::schedule::webhook::{
     sign, DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use shared::schedule::Webhook;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The header naming the attempt (1-based).
 pub(crate) const ATTEMPT_HEADER: &str = "x-fleet-attempt";
 
-/// The client of every delivery: bounded connect and total times, no redirects.
-pub(crate) fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+/// The client of every delivery and the address policy it keeps.
+#[derive(Clone)]
+pub(crate) struct WebhookClient {
+    http: reqwest::Client,
+    pub policy: Arc<AddressPolicy>,
+}
+
+/// The client of every delivery: bounded connect and total times, no redirects, no proxy,
+/// the policy's resolver (`FLEET_WEBHOOK_ALLOW`; a malformed one allows nothing internal).
+pub(crate) fn client() -> WebhookClient {
+    let policy = AddressPolicy::from_env().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "webhooks reach no internal address");
+        AddressPolicy::default()
+    });
+    client_with(Arc::new(policy))
+}
+
+pub(crate) fn client_with(policy: Arc<AddressPolicy>) -> WebhookClient {
+    let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(20))
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(GuardedResolver {
+            policy: policy.clone(),
+        }))
         .user_agent(concat!("fleet-coordinator/", env!("CARGO_PKG_VERSION")))
         .build()
-        .unwrap_or_default()
+        .unwrap_or_default();
+    WebhookClient { http, policy }
 }
 
 /// What a delivery attempt sends.
@@ -34,11 +59,20 @@ pub(crate) struct Post<'a> {
     pub event: &'a str,
 }
 
-/// POSTs once: `Ok(status)` when the webhook answered (any status), `Err(why)` when it could
-/// not be reached.
-pub(crate) async fn post(http: &reqwest::Client, p: Post<'_>) -> Result<u16, String> {
+/// POSTs once: `Ok(status)` when the webhook answered (any status), `Err(outcome)` when it
+/// could not be reached (a coarse outcome).
+pub(crate) async fn post(client: &WebhookClient, p: Post<'_>) -> Result<u16, String> {
+    // A host written as an address is connected to without the resolver: checked here.
+    let literal = reqwest::Url::parse(&p.hook.url)
+        .ok()
+        .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_string()))
+        .and_then(|h| h.parse::<std::net::IpAddr>().ok());
+    if literal.is_some_and(|ip| !client.policy.allows(ip)) {
+        return Err(NOT_ALLOWED.into());
+    }
     let signature = format!("sha256={}", sign(p.hook.secret.as_bytes(), &p.body));
-    let resp = http
+    let resp = client
+        .http
         .post(&p.hook.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(SIGNATURE_HEADER, signature)
@@ -53,7 +87,7 @@ pub(crate) async fn post(http: &reqwest::Client, p: Post<'_>) -> Result<u16, Str
     Ok(resp.status().as_u16())
 }
 
-/// The error and its causes, without the URL.
+/// The coarse outcome of a failed attempt (its detail logged here, never recorded).
 fn describe(e: reqwest::Error) -> String {
     let e = e.without_url();
     let mut text = e.to_string();
@@ -63,5 +97,14 @@ fn describe(e: reqwest::Error) -> String {
         text.push_str(&c.to_string());
         cause = c.source();
     }
-    text
+    tracing::debug!(error = %text, "webhook attempt failed");
+    if text.contains(NOT_ALLOWED) {
+        NOT_ALLOWED.into()
+    } else if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        "could not connect".into()
+    } else {
+        "failed".into()
+    }
 }

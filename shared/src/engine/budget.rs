@@ -101,6 +101,7 @@ impl Engine<'_> {
         );
         self.fx.push(Effect::Notify(Box::new(RunNotice {
             run_id: self.state.run_id.clone(),
+            team: self.state.team.clone(),
             url,
             delivery,
             event,

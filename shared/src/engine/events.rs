@@ -191,6 +191,9 @@ pub type Assembler = fn(&RunState, &NodeId, bool, DateTime<Utc>) -> Value;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunNotice {
     pub run_id: RunId,
+    /// The run's team (none: the open API's): its key signs the notice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
     /// The run's webhook.
     pub url: String,
     pub delivery: String,

@@ -36,6 +36,16 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
+/// The key a team's notices are signed with: derived from the coordinator's
+/// `FLEET_WEBHOOK_SECRET` and the team's name, so one team's key neither signs nor verifies
+/// another's notices, and the operator keeps one secret.
+pub fn team_secret(master: &str, team: &str) -> String {
+    sign(
+        master.as_bytes(),
+        format!("fleet-team-webhook:{team}").as_bytes(),
+    )
+}
+
 /// Whether `header` (`sha256=<hex>`, or the bare hex) is the signature of `body` under
 /// `secret`; compared in constant time.
 pub fn verify(secret: &[u8], body: &[u8], header: &str) -> bool {
@@ -118,6 +128,7 @@ pub fn morning_report(
         "delivery_id": delivery_id(&firing.batch_id),
         "timestamp": finished_at.map(|t| t.timestamp()),
         "schedule": name,
+        "team": batch.team,
         "batch_id": firing.batch_id,
         "kind": firing.kind,
         "scheduled_for": rfc3339(&firing.scheduled_for),

@@ -73,14 +73,16 @@ pub async fn run(c: CommandJob<'_>, gateway: Gateway) -> AgentOutcome {
         .session
         .exec(&argv, Some(stdin.to_string().into_bytes()), c.timeout)
         .await;
-    let (usage, calls, peak_connections) = gateway.close().await;
+    let closed = gateway.close().await;
+    let usage = closed.usage;
     let mut transcript = json!({
         "backend": "command",
         "argv": c.agent.argv,
         "session_id": c.session_id,
         "prompt": c.job.prompt,
-        "calls": calls,
-        "peak_connections": peak_connections,
+        "calls": closed.calls,
+        "peak_connections": closed.peak_connections,
+        "peak_body_bytes": closed.peak_body_bytes,
     });
     let outcome = |status, output, error: Option<String>, transcript| AgentOutcome {
         status,

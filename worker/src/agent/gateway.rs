@@ -10,6 +10,7 @@
 //! from the agent.
 
 use super::anthropic::Anthropic;
+use super::gateway_policy::{police, GatewayLimits};
 use super::llm::{count_tokens, post_with_retry, LlmError, LlmSettings};
 use super::openai::OpenAi;
 use super::provider::{ChatApi, Endpoint, Tokens};
@@ -20,6 +21,7 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Value};
 use shared::messages::{CommandAgent, LlmApi, LlmBudget, Usage};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::net::UnixListener;
 use tokio::sync::Mutex;
@@ -29,8 +31,8 @@ use tracing::{debug, warn};
 /// The socket's file name in the gateway's folder.
 pub const SOCKET_NAME: &str = "llm.sock";
 
-/// A request body is at most this large (the Anthropic API's own limit).
-const MAX_BODY: usize = 32 << 20;
+/// A request body not sent whole within this long is refused (its room given back).
+const BODY_READ: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Connections served at once: a program that opens more waits (in the socket's backlog), so a
 /// hostile one cannot hold more of the worker than this.
@@ -50,6 +52,24 @@ pub struct CallRecord {
     /// Why the gateway refused or failed the call, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// A closed gateway's books.
+pub struct Closed {
+    pub usage: Usage,
+    pub calls: Vec<CallRecord>,
+    /// The most connections served at once.
+    pub peak_connections: usize,
+    /// The most request bytes held at once (room taken before reading).
+    pub peak_body_bytes: usize,
+}
+
+/// The semaphore's permits: one a byte of the bytes in flight, never fewer than one body.
+fn in_flight_permits(limits: &GatewayLimits) -> usize {
+    limits
+        .in_flight_bytes
+        .max(limits.max_body_bytes)
+        .min(u32::MAX as usize)
 }
 
 #[derive(Default)]
@@ -76,6 +96,12 @@ struct Shared {
     /// Held across a call: one call at a time.
     books: Mutex<Books>,
     connections: std::sync::Mutex<Connections>,
+    /// Room for request bodies (`GatewayLimits::in_flight_bytes`, one permit a byte), taken
+    /// before a body is read.
+    in_flight: tokio::sync::Semaphore,
+    /// Request bytes held now, and the most ever held at once.
+    held: AtomicUsize,
+    peak_held: AtomicUsize,
 }
 
 impl Shared {
@@ -128,6 +154,9 @@ impl Gateway {
             http: http.clone(),
             books: Mutex::new(Books::default()),
             connections: std::sync::Mutex::new(Connections::default()),
+            in_flight: tokio::sync::Semaphore::new(in_flight_permits(&settings.gateway)),
+            held: AtomicUsize::new(0),
+            peak_held: AtomicUsize::new(0),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(serve(listener, shared.clone(), stop.clone()));
@@ -144,19 +173,24 @@ impl Gateway {
         &self.dir
     }
 
-    /// Stops serving (the folder is removed); the job's usage, its calls and the most
-    /// connections it served at once.
-    pub async fn close(mut self) -> (Usage, Vec<CallRecord>, usize) {
+    /// Stops serving (the folder is removed); the job's usage, its calls and the most it held
+    /// at once.
+    pub async fn close(mut self) -> Closed {
         self.stop.cancel();
         let _ = (&mut self.task).await;
         let books = self.shared.books.lock().await;
-        let peak = self
+        let peak_connections = self
             .shared
             .connections
             .lock()
             .map(|c| c.peak)
             .unwrap_or_default();
-        (books.usage, books.calls.clone(), peak)
+        Closed {
+            usage: books.usage,
+            calls: books.calls.clone(),
+            peak_connections,
+            peak_body_bytes: self.shared.peak_held.load(Ordering::SeqCst),
+        }
     }
 }
 
@@ -258,17 +292,11 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         );
         return error(api, StatusCode::NOT_FOUND, "not_found_error", &message);
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            let message = format!("the request body is unreadable or over {MAX_BODY} bytes: {e}");
-            return error(
-                api,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                &message,
-            );
-        }
+    // Room for the body is taken before a byte of it is read; it is given back when the call
+    // is answered (the body, its parse and the forwarded copy live until then).
+    let (_held, body) = match read_body(shared, req).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
     };
     let mut body: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
@@ -282,17 +310,6 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
             );
         }
     };
-    if body["stream"] == json!(true) {
-        let message = "streaming is not served through the gateway; send `stream: false`";
-        return error(
-            api,
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            message,
-        );
-    }
-    body["model"] = json!(shared.model);
-
     let mut books = shared.books.lock().await;
     let spent = books.usage.input_tokens + books.usage.output_tokens;
     let made = books.calls.iter().filter(|c| c.status == 200).count() as u32;
@@ -303,21 +320,102 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         );
         return refuse(shared, &mut books, 429, "budget_exhausted", message);
     }
+    let left = shared.max_tokens.saturating_sub(spent);
+    let limits = &shared.settings.gateway;
+    if let Err(why) = police(api, &mut body, &shared.model, limits, left) {
+        let message = why.to_string();
+        return refuse(shared, &mut books, 400, "invalid_request_error", message);
+    }
+    forward(shared, &mut books, &body).await
+}
+
+/// Bytes of request bodies a gateway holds now, given back when dropped.
+struct Held<'a> {
+    shared: &'a Shared,
+    bytes: usize,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.shared.held.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+/// The request's body, read only once room for it was taken from the job's bytes in flight;
+/// a body declared (or found) over the cap is answered 413 without being read (further).
+async fn read_body<'a>(
+    shared: &'a Shared,
+    req: Request<Incoming>,
+) -> Result<(Held<'a>, Bytes), Response<Full<Bytes>>> {
+    let api = shared.api;
+    let cap = shared.settings.gateway.max_body_bytes;
+    let too_large = |what: &str| {
+        let message = format!("the request body {what}: at most {cap} bytes are served");
+        error(
+            api,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            &message,
+        )
+    };
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Err(too_large("is declared larger than the cap"));
+    }
+    // A body of unknown length reserves the whole cap.
+    let bytes = declared.map_or(cap, |n| n as usize).max(1);
+    let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
+    let Ok(permit) = shared.in_flight.acquire_many(permits).await else {
+        return Err(error(
+            api,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "api_error",
+            "the gateway is closing",
+        ));
+    };
+    let now = shared.held.fetch_add(bytes, Ordering::SeqCst) + bytes;
+    shared.peak_held.fetch_max(now, Ordering::SeqCst);
+    let held = Held {
+        shared,
+        bytes,
+        _permit: permit,
+    };
+    let read = tokio::time::timeout(BODY_READ, Limited::new(req.into_body(), cap).collect());
+    match read.await {
+        Ok(Ok(b)) => Ok((held, b.to_bytes())),
+        Ok(Err(_)) => Err(too_large("is unreadable or over the cap")),
+        Err(_) => Err(error(
+            api,
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "the request body was not sent in time",
+        )),
+    }
+}
+
+/// Makes the call with the worker's key, counts its usage and answers with the provider's
+/// reply (or its error).
+async fn forward(shared: &Shared, books: &mut Books, body: &Value) -> Response<Full<Bytes>> {
     // The providers' own endpoint (URL, key) and usage reading, as the built-in loop uses them.
-    let (endpoint, tokens_of): (_, fn(&Value) -> Tokens) = match api {
+    let (endpoint, tokens_of): (_, fn(&Value) -> Tokens) = match shared.api {
         LlmApi::Anthropic => (Anthropic.endpoint(&shared.settings), |b| Anthropic.usage(b)),
         LlmApi::Openai => (OpenAi.endpoint(&shared.settings), |b| OpenAi.usage(b)),
     };
     let Endpoint { url, headers } = match endpoint {
         Ok(e) => e,
-        Err(e) => return refuse(shared, &mut books, 503, "api_error", e.to_string()),
+        Err(e) => return refuse(shared, books, 503, "api_error", e.to_string()),
     };
     let mut usage = Usage::default();
     let answer = post_with_retry(
         &shared.http,
         &url,
         &headers,
-        &body,
+        body,
         &shared.settings,
         &mut usage,
     )
@@ -346,7 +444,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
                 LlmError::Api { status, body } => (*status, body.clone()),
                 other => (502, other.to_string()),
             };
-            refuse(shared, &mut books, status, "api_error", message)
+            refuse(shared, books, status, "api_error", message)
         }
     }
 }

@@ -81,8 +81,9 @@ impl PriceTable {
     }
 }
 
-/// The worker's LLM settings. API keys stay here and never enter a container.
-#[derive(Clone, Debug)]
+/// The worker's LLM settings. API keys stay here and never enter a container (nor a log:
+/// `Debug` shows whether a key is set, never the key).
+#[derive(Clone)]
 pub struct LlmSettings {
     pub anthropic_base_url: String,
     pub anthropic_api_key: Option<String>,
@@ -100,6 +101,23 @@ pub struct LlmSettings {
     pub gate: Option<crate::quota::FleetGate>,
     /// The job the calls are made for (set per job by [`LlmSettings::for_job`]).
     pub scope: Option<crate::quota::JobScope>,
+    /// What a command agent's gateway serves (body sizes, output tokens per call).
+    pub gateway: super::gateway_policy::GatewayLimits,
+}
+
+impl std::fmt::Debug for LlmSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = |k: &Option<String>| k.as_ref().map(|_| "<redacted>");
+        f.debug_struct("LlmSettings")
+            .field("anthropic_base_url", &self.anthropic_base_url)
+            .field("anthropic_api_key", &key(&self.anthropic_api_key))
+            .field("openai_base_url", &self.openai_base_url)
+            .field("openai_api_key", &key(&self.openai_api_key))
+            .field("max_retries", &self.max_retries)
+            .field("request_timeout", &self.request_timeout)
+            .field("gateway", &self.gateway)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LlmSettings {
@@ -151,6 +169,7 @@ impl Default for LlmSettings {
             openai_rate: None,
             gate: None,
             scope: None,
+            gateway: super::gateway_policy::GatewayLimits::default(),
         }
     }
 }
@@ -278,6 +297,18 @@ pub const SUBMIT_DESCRIPTION: &str =
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn the_settings_debug_form_never_shows_a_key() {
+        let settings = super::LlmSettings {
+            anthropic_api_key: Some("sk-ant-secret-1".into()),
+            openai_api_key: Some("sk-oai-secret-2".into()),
+            ..super::LlmSettings::default()
+        };
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -7,6 +7,7 @@ mod anthropic;
 mod chat;
 pub mod command;
 pub mod gateway;
+pub mod gateway_policy;
 pub mod inbox;
 pub mod llm;
 mod openai;

@@ -1,0 +1,15 @@
+//! A shared fleet attacked by one of its tenants (issue 42), each attack on the real stack:
+//! a tenant's program against the worker's LLM gateway (`tenancy/gateway.rs`), another team's
+//! repository on the coordinator's disk (`tenancy/repos.rs`), webhooks aimed inside the
+//! fleet's network (`tenancy/webhooks.rs`), a web page driving the open API
+//! (`tenancy/open_api.rs`). Each test plays the attacker and checks the attack is refused with
+//! a clear error and nothing of another team's is read, spent or stalled.
+
+#[path = "tenancy/gateway.rs"]
+mod gateway;
+#[path = "tenancy/open_api.rs"]
+mod open_api;
+#[path = "tenancy/repos.rs"]
+mod repos;
+#[path = "tenancy/webhooks.rs"]
+mod webhooks;
