@@ -607,15 +607,16 @@ async fn cheat_1e_test_configuration_planted_in_the_repo_is_ignored_by_the_pinne
 // 2. Ending the process early with success
 
 /// The (wrong) impl calls `os._exit(0)` at import: the build "passes", every test process ends
-/// with 0 before a test runs. The runner wrote no report, so the run is broken every time and
-/// the fix loop (which keeps the cheat) ends stuck on that one pattern.
+/// with 0 before a test runs. The runner wrote no report, and the runner guard never reached
+/// the end of the run: the run ends at once, `RunnerTampered` (before issue 40: broken every
+/// time, the fix loop ending stuck on that pattern).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cheat_2_an_impl_exiting_with_success_at_import_leaves_no_report() -> anyhow::Result<()> {
     let stack = Stack::start("chexit", 2, &[]).await?;
     let stack_py = format!("{EXIT_ZERO_MODULE}\n\n{}", wrong_impl());
     let (run, status, r) =
         run_cheat_past_the_policy(&stack, "exit-at-import", &script_with_impl(&stack_py)).await?;
-    assert_exit(&status, &r, "StuckOnPattern");
+    assert_exit(&status, &r, "RunnerTampered");
     let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_eq!(validate["passed"], false);
     assert_eq!(validate["broken"], true);
@@ -629,11 +630,11 @@ async fn cheat_2_an_impl_exiting_with_success_at_import_leaves_no_report() -> an
         r["failure"]["error"]
             .as_str()
             .unwrap_or_default()
-            .contains("no report"),
+            .contains("did not reach the end of the run"),
         "{}",
         r["failure"]
     );
-    assert_eq!(status["visits"]["validate"], 3);
+    assert_eq!(status["visits"]["validate"], 1);
     Ok(())
 }
 
@@ -727,8 +728,8 @@ async fn cheat_4_weak_tests_blessed_by_a_lying_mutation_adversary_do_not_pass() 
 
 /// The impl's functions raise `pytest.skip()` / `pytest.xfail()` when pytest is loaded (first
 /// run), or skip the whole test module at import (second run). Skips, xfails and tests that
-/// never ran are not passes: validate fails every time and the fix loop (which keeps the cheat)
-/// ends stuck.
+/// never ran are not passes, and the must-fail twins planted beside the tests were skipped or
+/// never ran too: the run ends `RunnerTampered`, naming the twins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cheat_skips_and_xfails_raised_by_the_impl_under_pytest_are_not_passes(
 ) -> anyhow::Result<()> {
@@ -747,23 +748,20 @@ async fn cheat_skips_and_xfails_raised_by_the_impl_under_pytest_are_not_passes(
     }
     for ((name, _), run) in cases.iter().zip(&runs) {
         let (status, r) = finish(&stack, name, run).await?;
-        assert_exit(&status, &r, "StuckOnPattern");
+        assert_exit(&status, &r, "RunnerTampered");
         let validate = test_report(&stack, run, "validate", 1).await?;
         assert_eq!(validate["passed"], false, "{validate}");
-        assert_eq!(validate["counts"]["passed"], 0, "{name}: {validate}");
-        let kinds = failure_kinds(&validate);
-        if *name == "skip-xfail" {
-            assert!(kinds.contains(&"skipped".to_string()), "{kinds:?}");
-            assert!(kinds.contains(&"xfailed".to_string()), "{kinds:?}");
-            assert!(reasons(&validate).contains("skipped"), "{validate}");
-            assert!(reasons(&validate).contains("xfailed"), "{validate}");
+        assert_eq!(validate["category"], "runner_tampered", "{name}: {validate}");
+        let tampered = validate["tampered"].to_string();
+        let twin_said = if *name == "skip-xfail" {
+            "was reported Skipped"
         } else {
-            assert!(kinds.contains(&"missing".to_string()), "{kinds:?}");
-            assert!(
-                reasons(&validate).contains("of the frozen tests did not run"),
-                "{validate}"
-            );
-        }
+            "did not run"
+        };
+        assert!(
+            tampered.contains("must-fail twin") && tampered.contains(twin_said),
+            "{name}: {tampered}"
+        );
     }
     Ok(())
 }
@@ -812,16 +810,17 @@ async fn cheat_an_exit_code_of_zero_after_a_failing_report_does_not_pass() -> an
     Ok(())
 }
 
-/// At import the (wrong) impl writes a JUnit report of every test passing to the path it finds
-/// in `--junitxml=`, then ends the process with 0. The harness's canary is not in the forged
-/// report: the run is judged broken, every time.
+/// At import the (wrong) impl reads the tests and means to write a JUnit report of every test
+/// passing to the path it finds in `--junitxml=`, then end the process with 0. The runner
+/// guard refuses the code under test's `open` and records it: `RunnerTampered`, and the report
+/// still lacks the harness's canary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cheat_a_forged_report_without_the_canary_is_caught() -> anyhow::Result<()> {
     let stack = Stack::start("chforge", 2, &[]).await?;
     let stack_py = format!("{FORGE_NO_CANARY}{}", wrong_impl());
     let (run, status, r) =
         run_cheat_past_the_policy(&stack, "forged-report", &script_with_impl(&stack_py)).await?;
-    assert_exit(&status, &r, "StuckOnPattern");
+    assert_exit(&status, &r, "RunnerTampered");
     let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_eq!(validate["broken"], true, "{validate}");
     assert_eq!(validate["exit_code"], 0, "{validate}");
@@ -833,7 +832,7 @@ async fn cheat_a_forged_report_without_the_canary_is_caught() -> anyhow::Result<
         r["failure"]["error"]
             .as_str()
             .unwrap_or_default()
-            .contains("canary"),
+            .contains("open"),
         "{}",
         r["failure"]
     );
@@ -841,9 +840,10 @@ async fn cheat_a_forged_report_without_the_canary_is_caught() -> anyhow::Result<
 }
 
 /// The forgery done right: the canary's file name is the runner's last argument, so the forged
-/// report shows the canary failing and the process ends with 1. With the policy for code under
-/// test turned off (it refuses `sys.argv` and `os._exit` at once), pytest's own closing line
-/// gives the forgery away: the process ended before pytest could print one.
+/// report would show the canary failing and the process end with 1. With the policy for code
+/// under test turned off (it refuses `sys.argv` and `os._exit` at once), the runner guard
+/// refuses the forger's `open` of the report and records it; beneath the guard, pytest's own
+/// closing line would give the forgery away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cheat_a_forged_report_with_the_canary_read_from_argv_is_caught() -> anyhow::Result<()> {
     let stack = Stack::start("chcanary", 2, &[]).await?;
@@ -861,7 +861,10 @@ async fn cheat_a_forged_report_with_the_canary_read_from_argv_is_caught() -> any
     );
     assert_eq!(r["success"], false, "{r}");
     assert_eq!(validate["broken"], true, "{validate}");
-    assert!(reasons(&validate).contains("summary"), "{validate}");
+    // The guard refuses the forger's `open` (before issue 40 pytest's missing closing line
+    // gave it away): the run ends at once, tampering named.
+    assert_exit(&status, &r, "RunnerTampered");
+    assert_eq!(validate["category"], "runner_tampered", "{validate}");
     Ok(())
 }
 
