@@ -284,6 +284,11 @@ pub struct JobSpec {
     /// A command agent's job: what is left of the run's LLM budget (its gateway's limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm_budget: Option<LlmBudget>,
+    /// A built-in agent's job of a run with a budget: the dollars the budget had left when
+    /// the job was published (finished jobs counted; agents running at once share it). Each
+    /// call's `max_tokens` is clamped to what it still pays for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_usd_left: Option<f64>,
     /// An incremental agent's loop (seed 003): its budget, stuck rule and checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incremental: Option<crate::session::LoopSpec>,
