@@ -121,6 +121,7 @@ async fn an_unpriced_model_is_refused_and_a_budget_clamps_max_tokens() -> anyhow
         .iter()
         .map(|r| r.body["max_tokens"].as_u64().unwrap_or_default())
         .collect();
+    eprintln!("max_tokens of each call: {max:?}");
     // The first call may ask for up to 4000 less its input; after 3000 output tokens ($0.015)
     // the second asks for at most the 1000 left, less its input.
     assert!(max[0] <= 4000 && max[0] > 1000, "{max:?}");
