@@ -58,7 +58,7 @@ async fn the_built_in_agent_reads_in_the_container_and_submits_a_diff() -> anyho
         &[
             ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
             ("ANTHROPIC_API_KEY", "test-key"),
-            ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
+            ("FLEET_PRICES", r#"{"claude-haiku-4-5": [3.0, 15.0]}"#),
         ],
     )
     .await?;
@@ -72,7 +72,7 @@ async fn the_built_in_agent_reads_in_the_container_and_submits_a_diff() -> anyho
         "--llm-api",
         "anthropic",
         "--llm-model",
-        "fake-model",
+        "claude-haiku-4-5",
     ])?;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let run = out.stdout.trim().to_string();

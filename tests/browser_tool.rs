@@ -151,7 +151,7 @@ async fn an_agent_checks_a_page_in_the_browser_and_keeps_a_screenshot() -> anyho
         "--llm-api",
         "anthropic",
         "--llm-model",
-        "fake",
+        "claude-haiku-4-5",
     ])?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     let run = out.stdout.trim().to_string();
@@ -358,7 +358,7 @@ async fn a_page_not_up_yet_is_retried_per_its_class_and_a_bad_selector_is_not() 
             "--llm-api",
             "anthropic",
             "--llm-model",
-            "fake",
+            "claude-haiku-4-5",
         ])
     };
     let out = submit(&path("graph.yaml"))?;

@@ -71,7 +71,7 @@ async fn run_with_prompt(
         "--llm-api",
         "anthropic",
         "--llm-model",
-        "fake-model",
+        "claude-haiku-4-5",
         "--agent-command",
         "fleet-echo-agent",
     ];
@@ -91,7 +91,7 @@ async fn stack_with(llm: &FakeLlm, tag: &str, extra: &[(&str, &str)]) -> anyhow:
     let mut env = vec![
         ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
         ("ANTHROPIC_API_KEY", KEY),
-        ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
+        ("FLEET_PRICES", r#"{"claude-haiku-4-5": [3.0, 15.0]}"#),
     ];
     env.extend_from_slice(extra);
     Stack::start(tag, 1, &env).await
@@ -128,7 +128,7 @@ async fn a_command_agent_reaches_the_model_through_the_gateway_and_never_sees_th
     assert_eq!(reqs.len(), 3);
     for r in &reqs {
         assert_eq!(r.header("x-api-key"), Some(KEY));
-        assert_eq!(r.body["model"], "fake-model");
+        assert_eq!(r.body["model"], "claude-haiku-4-5");
     }
     // Nothing the agent could see holds the key: its environment, /proc, the gateway's
     // folder, the worktree, /tmp and /run. It did see the gateway's socket, and nothing else

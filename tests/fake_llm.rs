@@ -8,7 +8,7 @@ use fleet_tests::fake_llm::{Conversation, FakeLlm, Reply, ScriptedReply};
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
-const MODEL: &str = "claude-test-model";
+const MODEL: &str = "claude-haiku-4-5";
 
 struct Answer {
     status: u16,
@@ -48,7 +48,7 @@ fn anthropic_request(messages: Value) -> Value {
 }
 
 fn openai_request(messages: Value) -> Value {
-    json!({ "model": "gpt-test", "messages": messages })
+    json!({ "model": "gpt-4o-mini", "messages": messages })
 }
 
 fn user(text: &str) -> Value {
@@ -140,7 +140,7 @@ async fn openai_tool_calls_with_string_arguments() -> anyhow::Result<()> {
         .is_some_and(|id| id.starts_with("chatcmpl-")));
     assert_eq!(body["object"], "chat.completion");
     assert!(body["created"].as_u64().is_some_and(|t| t > 1_600_000_000));
-    assert_eq!(body["model"], "gpt-test");
+    assert_eq!(body["model"], "gpt-4o-mini");
     assert_eq!(
         body["usage"],
         json!({ "prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10 })
@@ -288,7 +288,7 @@ async fn missing_fields_are_400() -> anyhow::Result<()> {
     let no_messages = json!({ "model": MODEL, "max_tokens": 10 });
     assert_eq!(anthropic(&fake, &no_messages).await?.status, 400);
 
-    let answer = openai(&fake, &json!({ "model": "gpt-test" })).await?;
+    let answer = openai(&fake, &json!({ "model": "gpt-4o-mini" })).await?;
     assert_eq!(answer.status, 400);
     assert_eq!(answer.body["error"]["type"], "invalid_request_error");
     assert!(answer.body["error"]["message"]

@@ -272,7 +272,7 @@ async fn a_session_continues_across_nodes_and_a_slow_agent_is_nudged() -> anyhow
         &stack,
         &g,
         json!({}),
-        &["--llm-api", "anthropic", "--llm-model", "fake"],
+        &["--llm-api", "anthropic", "--llm-model", "claude-haiku-4-5"],
     )
     .await?;
     assert_eq!(status["status"], "succeeded", "{status}");

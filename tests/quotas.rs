@@ -68,7 +68,7 @@ fn submit_llm(stack: &Stack, dir: &std::path::Path, token: &str) -> anyhow::Resu
             "--llm-api",
             "anthropic",
             "--llm-model",
-            "fake-model",
+            "claude-haiku-4-5",
         ],
         &[("FLEET_TOKEN", token)],
     )?;
@@ -98,7 +98,7 @@ async fn runs_on_both_workers(stack: &Stack, key: &str, n: usize) -> anyhow::Res
             "--llm-api",
             "anthropic",
             "--llm-model",
-            "fake-model",
+            "claude-haiku-4-5",
         ])?;
         anyhow::ensure!(out.code == 0, "{}", out.stderr);
         runs.push(out.stdout.trim().to_string());
@@ -168,7 +168,7 @@ async fn a_team_is_warned_at_80_percent_and_stopped_at_100_at_its_next_llm_call(
             ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
             ("ANTHROPIC_API_KEY", "test-key"),
             // 100 input tokens cost one dollar.
-            ("FLEET_PRICES", r#"{"fake-model": [10000.0, 0.0]}"#),
+            ("FLEET_PRICES", r#"{"claude-haiku-4-5": [10000.0, 0.0]}"#),
         ],
         ..StackConfig::default()
     })

@@ -2,8 +2,9 @@
 //! names a program and stays within `shared::limits`, the built-in loop's turns and tokens do
 //! too, and a scripted agent has steps for the agent nodes its graph starts with.
 
-use shared::graph::{Graph, NodeKind};
+use shared::graph::{Graph, GraphBundle, NodeKind};
 use shared::messages::{AgentConfig, ScriptStep};
+use shared::providers::Provider;
 use std::collections::BTreeMap;
 
 /// What is wrong with a command agent: no program, or budgets past `shared::limits`.
@@ -59,13 +60,61 @@ pub(crate) fn agent_exceeds(agent: &AgentConfig, graph: &Graph) -> Option<String
             llm.max_tokens
         ));
     }
-    if !llm.temperature.is_finite() || !(0.0..=2.0).contains(&llm.temperature) {
+    // Anthropic's Messages API takes 0.0 to 1.0, OpenAI's chat completions 0 to 2 (their
+    // API references).
+    let top = if matches!(agent, AgentConfig::Anthropic(_)) {
+        1.0
+    } else {
+        2.0
+    };
+    if !llm.temperature.is_finite() || !(0.0..=top).contains(&llm.temperature) {
         return Some(format!(
-            "temperature is {}; it must be between 0 and 2",
+            "temperature is {}; it must be between 0 and {top}",
             llm.temperature
         ));
     }
     None
+}
+
+/// A run's model without a price: refused (closed by default), never counted at $0.
+pub(crate) fn unpriced(agent: &AgentConfig, prices: &worker::agent::PriceTable) -> Option<String> {
+    let model = match agent {
+        AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => &c.model,
+        AgentConfig::Command(c) => &c.model,
+        AgentConfig::Scripted { .. } => return None,
+    };
+    prices.price(model).is_none().then(|| {
+        format!(
+            "no price for model `{model}`: a run's spend is never counted at $0; name its price \
+             in FLEET_PRICES (`{{\"{model}\": [usd_per_mtok_in, usd_per_mtok_out]}}`) on the \
+             coordinators and workers"
+        )
+    })
+}
+
+/// The provider a run's agents call: the built-in loop's API, or a command agent's.
+pub(crate) fn provider_of(agent: &AgentConfig) -> Option<Provider> {
+    match agent {
+        AgentConfig::Anthropic(_) => Some(Provider::Anthropic),
+        AgentConfig::Openai(_) => Some(Provider::Openai),
+        AgentConfig::Command(c) => Some(match c.api {
+            shared::agent_config::LlmApi::Anthropic => Provider::Anthropic,
+            shared::agent_config::LlmApi::Openai => Provider::Openai,
+        }),
+        AgentConfig::Scripted { .. } => None,
+    }
+}
+
+/// The providers' rules on the graph's agent schemas for this submission: what the run's
+/// provider would refuse, as messages (the submission is refused); what the other provider
+/// would refuse is logged as a warning.
+pub(crate) fn provider_refusals(agent: &AgentConfig, bundle: &GraphBundle) -> Vec<String> {
+    let provider = provider_of(agent);
+    let found = shared::graph::check_providers(bundle, provider.as_slice());
+    for w in &found.warnings {
+        tracing::warn!(graph = %bundle.source, warning = %w, "another provider would refuse this graph's schema");
+    }
+    found.errors.iter().map(|e| e.to_string()).collect()
 }
 
 /// A scripted agent for a graph with agent nodes: every entry it has for an agent node has

@@ -149,6 +149,13 @@ pub async fn submit_as(
     if let Some(why) = crate::agent_checks::agent_exceeds(&req.agent, &bundle.graph) {
         return Err(SubmitError::Input(why).into());
     }
+    if let Some(why) = crate::agent_checks::unpriced(&req.agent, &coord.prices) {
+        return Err(SubmitError::Input(why).into());
+    }
+    let refused = crate::agent_checks::provider_refusals(&req.agent, &bundle);
+    if !refused.is_empty() {
+        return Err(SubmitError::Graph(refused).into());
+    }
     if let Some(id) = &requested {
         if !shared::factory::valid_run_id(id) {
             return Err(SubmitError::Input(format!(

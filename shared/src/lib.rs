@@ -25,6 +25,7 @@ pub mod paths;
 pub mod ports;
 #[cfg(any(test, feature = "test-support"))]
 pub mod proptest_support;
+pub mod providers;
 pub mod quota;
 pub mod resilience;
 pub mod schedule;

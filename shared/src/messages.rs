@@ -223,8 +223,7 @@ impl ScriptStep {
     }
 
     /// The wait before answering: none when `delay_seconds` is not positive, at most
-    /// `MAX_SCRIPT_DELAY` (a script is the submitter's, and `Duration::from_secs_f64` panics
-    /// past `u64::MAX` seconds).
+    /// `MAX_SCRIPT_DELAY` (a script is the submitter's; `from_secs_f64` panics past u64::MAX s).
     pub fn delay(&self) -> std::time::Duration {
         std::time::Duration::try_from_secs_f64(self.delay_seconds)
             .unwrap_or(if self.delay_seconds > 0.0 {
@@ -277,18 +276,19 @@ pub struct JobSpec {
     /// The worker announces the job's start (a `ResultMessage::Started`).
     #[serde(default)]
     pub notify_start: bool,
-    /// What the job's commit may change (the node's `writes`, evaluated); checked by the worker
-    /// on git's deltas before the commit is handed on.
+    /// What the job's commit may change (the node's `writes`), checked by the worker on deltas.
     #[serde(default)]
     pub write_scope: Option<crate::scope::WriteScope>,
     /// A command agent's job: what is left of the run's LLM budget (its gateway's limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm_budget: Option<LlmBudget>,
+    /// A built-in agent's: the run's budget left at publish; each `max_tokens` is clamped to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_usd_left: Option<f64>,
     /// An incremental agent's loop (seed 003): its budget, stuck rule and checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incremental: Option<crate::session::LoopSpec>,
-    /// Messages for the session that it has not received yet (later ones come on the control
-    /// channel while it runs).
+    /// Messages the session has not received yet (later ones come on the control channel).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inbox: Vec<crate::session::SessionMessage>,
     /// The run's team: its LLM calls count against the team's fleet-wide quotas.

@@ -246,6 +246,7 @@ mod tests {
             notify_start: false,
             write_scope: None,
             llm_budget: None,
+            llm_usd_left: None,
             incremental: None,
             inbox: Vec::new(),
             team: None,

@@ -130,7 +130,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         &[
             ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
             ("ANTHROPIC_API_KEY", "bench-key"),
-            ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
+            ("FLEET_PRICES", r#"{"claude-haiku-4-5": [3.0, 15.0]}"#),
         ],
     )
     .await?;
@@ -164,7 +164,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         "--llm-api",
         "anthropic",
         "--llm-model",
-        "fake-model",
+        "claude-haiku-4-5",
     ])?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     let run = out.stdout.trim().to_string();

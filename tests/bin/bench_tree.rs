@@ -88,7 +88,7 @@ pub async fn run(delay_ms: usize, concurrency: usize) -> anyhow::Result<()> {
         "--llm-api",
         "anthropic",
         "--llm-model",
-        "fake",
+        "claude-haiku-4-5",
     ])?;
     anyhow::ensure!(out.code == 0, "submit failed: {}", out.stderr);
     let root = out.stdout.trim().to_string();

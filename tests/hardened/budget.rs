@@ -60,7 +60,7 @@ async fn a_run_pauses_at_its_budget_and_resumes_when_raised_with_signed_notices(
         worker_env: &[
             ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
             ("ANTHROPIC_API_KEY", "test-key"),
-            ("FLEET_PRICES", r#"{"fake-model": [1.0, 0.0]}"#),
+            ("FLEET_PRICES", r#"{"claude-haiku-4-5": [1.0, 0.0]}"#),
         ],
         coordinator_env: &[("FLEET_WEBHOOK_SECRET", SECRET)],
         ..StackConfig::default()
@@ -88,7 +88,7 @@ async fn a_run_pauses_at_its_budget_and_resumes_when_raised_with_signed_notices(
         "--llm-api",
         "anthropic",
         "--llm-model",
-        "fake-model",
+        "claude-haiku-4-5",
     ];
     // A webhook needs the coordinator's secret and a plain http(s) URL.
     let mut bad = base.to_vec();
@@ -163,7 +163,7 @@ async fn a_run_pauses_at_its_budget_and_resumes_when_raised_with_signed_notices(
     assert_eq!(ends.len(), 5);
     assert!(ends
         .iter()
-        .all(|e| e["data"]["model"] == "anthropic:fake-model"));
+        .all(|e| e["data"]["model"] == "anthropic:claude-haiku-4-5"));
     let marks: Vec<&str> = kinds
         .iter()
         .copied()

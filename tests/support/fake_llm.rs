@@ -33,8 +33,12 @@ use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-/// Largest request body accepted (the real Anthropic limit).
-const BODY_LIMIT: usize = 32 * 1024 * 1024;
+mod strict;
+pub use strict::{Model, MODELS};
+
+/// Largest request body the server reads at all: above the Messages API's 32 MB, so that a
+/// body past Anthropic's limit is answered by the rule, in the API's error shape.
+const BODY_LIMIT: usize = 64 * 1024 * 1024;
 
 /// What the fake answers to one request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -414,7 +418,7 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
     }
     let model = match api.validate(&request.headers, &request.body) {
         Ok(model) => model,
-        Err(rejection) => return (api.error(rejection.status, &rejection.message), None),
+        Err(rejection) => return (api.refusal(&rejection), None),
     };
     let prompt = first_user_text(&request.body);
     let route = {
@@ -565,25 +569,45 @@ impl IntoResponse for Outcome {
     }
 }
 
-/// Why a request was refused before touching the script.
+/// Why a request was refused before touching the script (OpenAI's bodies also name the
+/// parameter and a code).
 struct Rejection {
     status: StatusCode,
     message: String,
+    param: Option<String>,
+    code: Option<&'static str>,
 }
 
 impl Rejection {
-    fn bad_request(message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
-            status: StatusCode::BAD_REQUEST,
+            status,
             message: message.into(),
+            param: None,
+            code: None,
         }
     }
 
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
     fn unauthorized(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::UNAUTHORIZED,
-            message: message.into(),
-        }
+        Self::new(StatusCode::UNAUTHORIZED, message)
+    }
+
+    fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    fn param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
     }
 }
 
@@ -619,6 +643,16 @@ impl Api {
         let mut outcome = self.error(status, scripted_error_message(status));
         if retry_after.is_some() {
             outcome.retry_after = retry_after;
+        }
+        outcome
+    }
+
+    /// A refused request, in the API's error shape.
+    fn refusal(self, r: &Rejection) -> Outcome {
+        let mut outcome = self.error(r.status, &r.message);
+        if self == Api::OpenAi {
+            outcome.body["error"]["param"] = r.param.clone().into();
+            outcome.body["error"]["code"] = r.code.into();
         }
         outcome
     }
@@ -701,6 +735,12 @@ mod anthropic {
                 "anthropic-version: header is required",
             ));
         }
+        if body.len() > strict::ANTHROPIC_MAX_BODY {
+            return Err(Rejection::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Request exceeds the maximum allowed number of bytes.",
+            ));
+        }
         let object = body_object(body)?;
         let model = object
             .get("model")
@@ -710,7 +750,9 @@ mod anthropic {
             return Err(Rejection::bad_request("max_tokens: field required"));
         }
         refuse_streaming(&object)?;
-        check_messages(required_messages(&object)?)?;
+        let messages = required_messages(&object)?;
+        strict::anthropic(&object, model)?;
+        check_messages(messages)?;
         Ok(model.to_string())
     }
 
@@ -921,6 +963,7 @@ mod openai {
         let messages = required_messages(&object)
             .map_err(|_| Rejection::bad_request("missing required parameter: 'messages'"))?;
         check_messages(messages)?;
+        strict::openai(&object, model)?;
         Ok(model.to_string())
     }
 

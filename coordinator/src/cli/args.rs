@@ -147,10 +147,7 @@ impl WorkerSettings {
     pub fn config(&self) -> anyhow::Result<WorkerConfig> {
         // Refused before any dependency is waited for.
         worker::sandbox::check_user(&self.sandbox_user).map_err(|e| anyhow!(e))?;
-        let mut prices = PriceTable::with_defaults();
-        if let Ok(extra) = std::env::var("FLEET_PRICES") {
-            prices.extend_from_json(&extra).map_err(|e| anyhow!(e))?;
-        }
+        let prices = PriceTable::from_env().map_err(|e| anyhow!(e))?;
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let defaults = LlmSettings::default();
         // One limit per provider, each over every agent of this worker.

@@ -25,6 +25,31 @@ pub fn load_graph(path: &Path) -> anyhow::Result<GraphBundle> {
     })
 }
 
+/// The providers' rules on the graph's agent schemas: a breach of a provider in `providers`
+/// fails, naming node, file, rule and provider; one of another provider is printed as a
+/// warning on stderr.
+pub fn check_for_providers(
+    b: &GraphBundle,
+    providers: &[shared::providers::Provider],
+) -> anyhow::Result<()> {
+    let found = shared::graph::check_providers(b, providers);
+    for w in &found.warnings {
+        eprintln!("warning: {w}");
+    }
+    if found.errors.is_empty() {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "the graph is invalid for its provider:\n{}",
+        found
+            .errors
+            .iter()
+            .map(|e| format!("  {e}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    ))
+}
+
 /// The graph as a Mermaid flowchart.
 pub fn mermaid(b: &GraphBundle) -> String {
     let mut out = String::from("flowchart TD\n");

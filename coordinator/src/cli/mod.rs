@@ -23,7 +23,7 @@ mod watch;
 
 pub use args::*;
 pub use client::Client;
-pub use graph_tools::{live_states, load_graph, mermaid};
+pub use graph_tools::{check_for_providers, live_states, load_graph, mermaid};
 pub use startup::redact_url;
 
 use anyhow::Context;
@@ -111,8 +111,14 @@ pub enum Cmd {
 
 #[derive(Subcommand)]
 pub enum GraphCmd {
-    /// Run the static checker on a graph file.
-    Check { file: PathBuf },
+    /// Run the static checker on a graph file, and the LLM providers' rules on its agents'
+    /// schemas: with --llm-api, that provider's rules are errors and the other's warnings;
+    /// without it, both providers' rules are errors.
+    Check {
+        file: PathBuf,
+        #[arg(long, value_parser = ["anthropic", "openai"])]
+        llm_api: Option<String>,
+    },
     /// Print the graph as a Mermaid flowchart; with --run, coloured by the run's node states.
     Show {
         file: PathBuf,
@@ -325,8 +331,14 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Team { cmd } => team::run(cmd, &mut out).await,
         Cmd::Schedule { cmd } => schedule::run(cmd, &mut out).await,
         Cmd::Graph { cmd } => match cmd {
-            GraphCmd::Check { file } => {
+            GraphCmd::Check { file, llm_api } => {
                 let b = load_graph(&file)?;
+                let providers = match llm_api.as_deref() {
+                    Some("openai") => vec![shared::providers::Provider::Openai],
+                    Some(_) => vec![shared::providers::Provider::Anthropic],
+                    None => shared::providers::Provider::ALL.to_vec(),
+                };
+                check_for_providers(&b, &providers)?;
                 out.line(format!(
                     "{}: ok ({} nodes)",
                     file.display(),

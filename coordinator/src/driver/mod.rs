@@ -101,6 +101,9 @@ pub struct Coordinator {
     /// Rung with a run's id after every commit of it here (the dashboard's live views).
     pub run_changed: tokio::sync::broadcast::Sender<RunId>,
     pub(crate) http: crate::schedules::webhook::WebhookClient,
+    /// The LLM price table (defaults and `FLEET_PRICES`): a run whose model has no price is
+    /// refused at submission, never counted at $0.
+    pub prices: worker::agent::PriceTable,
     /// What this coordinator last mirrored of each run.
     mirrored: Mutex<HashMap<RunId, mirror::MirrorMark>>,
     states: state_cache::StateCache,
@@ -198,6 +201,10 @@ impl Coordinator {
             max_upload_bytes: env_u64("FLEET_MAX_UPLOAD_MB", 256).saturating_mul(1 << 20),
             ledger: Arc::new(worker::quota::memory::MemoryLedger::new()),
             run_changed: tokio::sync::broadcast::channel(1024).0,
+            prices: worker::agent::PriceTable::from_env().unwrap_or_else(|e| {
+                tracing::error!(error = %e, "FLEET_PRICES is refused; only the default prices hold");
+                worker::agent::PriceTable::with_defaults()
+            }),
             http: crate::schedules::webhook::client(),
             team_job_limits: Mutex::new(HashMap::new()),
         }

@@ -52,9 +52,13 @@ impl Engine<'_> {
         if self.state.budget.as_ref().is_some_and(|b| b.paused) {
             return;
         }
-        for spec in std::mem::take(&mut self.state.held) {
+        for mut spec in std::mem::take(&mut self.state.held) {
             if let Some(r) = self.state.jobs.get_mut(&spec.job_id) {
                 r.published_at = at;
+            }
+            // What the budget has left is read again: the spec was made before the raise.
+            if spec.llm_usd_left.is_some() {
+                spec.llm_usd_left = Some((limit_usd - spent).max(0.0));
             }
             self.fx.push(Effect::Publish(Box::new(spec)));
         }

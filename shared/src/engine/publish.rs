@@ -218,6 +218,12 @@ impl Engine<'_> {
                 (AgentConfig::Command(c), Some(_)) => Some(LlmBudget::left(c, &self.state.usage)),
                 _ => None,
             },
+            llm_usd_left: match (&self.state.agent, &self.state.budget, agent) {
+                (AgentConfig::Anthropic(_) | AgentConfig::Openai(_), Some(b), Some(_)) => {
+                    Some((b.limit_usd - self.state.usage.cost_usd).max(0.0))
+                }
+                _ => None,
+            },
             incremental,
             inbox: if agent.is_some_and(|a| a.incremental.is_some()) {
                 self.unread(id)

@@ -7,7 +7,7 @@ mod model;
 mod parts;
 mod raw;
 
-pub use check::{check, CheckError};
+pub use check::{check, check_providers, CheckError, ProviderFindings};
 pub use model::*;
 pub use parts::*;
 pub use raw::{FieldError, RawGraph, RawNode};

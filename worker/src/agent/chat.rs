@@ -3,7 +3,7 @@
 //! schema, token counts and cost, and the transcript.
 
 use super::llm::{
-    count_tokens, json_from_text, post_with_retry, LlmError, LlmSettings, SUBMIT,
+    count_tokens, json_from_text, post_with_retry, Billed, LlmError, LlmSettings, Price, SUBMIT,
     SUBMIT_DESCRIPTION,
 };
 use super::provider::{ChatApi, Endpoint, Reply, ToolCall, ToolOutput, ToolResult};
@@ -63,22 +63,28 @@ pub async fn run<A: ChatApi>(
     };
     let mut messages = api.start(prior.as_ref(), &job.prompt);
     let mut usage = Usage::default();
-    let ended = match api.endpoint(settings) {
-        Ok(endpoint) => {
+    // Closed by default: no call of a model without a price.
+    let price = settings
+        .prices
+        .price(&cfg.model)
+        .ok_or_else(|| LlmError::NoPrice(cfg.model.clone()));
+    let ended = match (api.endpoint(settings), price) {
+        (Ok(endpoint), Ok(price)) => {
             let chat = Chat {
                 api,
                 job: &job,
                 cfg,
                 endpoint,
                 transport: &transport,
+                money: Money {
+                    price,
+                    usd_left: job.usd_left,
+                },
             };
             chat.converse(&mut messages, &mut usage).await
         }
-        Err(e) => Err(e),
+        (Err(e), _) | (_, Err(e)) => Err(e),
     };
-    usage.cost_usd = settings
-        .prices
-        .cost(&cfg.model, usage.input_tokens, usage.output_tokens);
     conclude(ended, usage, api.transcript(&cfg.model, messages))
 }
 
@@ -107,13 +113,52 @@ pub fn read_reply<A: ChatApi>(api: &A, body: &Value, usage: &mut Usage) -> Resul
     api.parse(body)
 }
 
-/// One conversation: the API, the job, and where its requests go.
+/// One conversation: the API, the job, where its requests go, and what it may spend.
 pub struct Chat<'a, A, T> {
     pub api: &'a A,
     pub job: &'a AgentJob<'a>,
     pub cfg: &'a LlmConfig,
     pub endpoint: Endpoint,
     pub transport: &'a T,
+    pub money: Money,
+}
+
+/// The model's price and what the run's budget had left when the job was published.
+#[derive(Clone, Copy, Debug)]
+pub struct Money {
+    pub price: Price,
+    pub usd_left: Option<f64>,
+}
+
+impl Money {
+    /// The `max_tokens` of the next call: the configured one, clamped to the output tokens
+    /// the budget still pays for once the call's input is paid. The input is estimated from
+    /// below by the previous call's (a conversation only grows) and from the body's size
+    /// (4 bytes a token). `Budget` when not one output token is left.
+    pub fn max_tokens(
+        &self,
+        configured: u32,
+        spent_usd: f64,
+        input_estimate: u64,
+    ) -> Result<u32, LlmError> {
+        let Some(left) = self.usd_left else {
+            return Ok(configured);
+        };
+        let left = left - spent_usd;
+        let input = Billed {
+            input: input_estimate,
+            ..Billed::default()
+        };
+        let affordable = self.price.output_tokens_for(left - self.price.cost(&input));
+        if affordable == 0 {
+            return Err(LlmError::Budget {
+                left: left.max(0.0),
+            });
+        }
+        Ok(u32::try_from(affordable)
+            .unwrap_or(u32::MAX)
+            .min(configured))
+    }
 }
 
 /// What answering one tool call came to.
@@ -134,6 +179,8 @@ impl<A: ChatApi, T: Transport> Chat<'_, A, T> {
         let mut last_problem = String::from("the agent never submitted");
         let started = Instant::now();
         let mut nudged = false;
+        // The tokens the last call read and wrote: the next call reads at least as many.
+        let mut last_input = 0u64;
         for turn in 0..self.cfg.max_turns {
             if !nudged && self.job.nudge_after.is_some_and(|n| started.elapsed() >= n) {
                 nudged = true;
@@ -159,8 +206,30 @@ impl<A: ChatApi, T: Transport> Chat<'_, A, T> {
                     self.api.nudge(messages, &super::inbox::as_text(&arrived));
                 }
             }
-            let body = self.api.request(self.cfg, &tools, messages);
+            let mut cfg = self.cfg.clone();
+            let sized = self.api.request(&cfg, &tools, messages).to_string().len() as u64 / 4;
+            cfg.max_tokens =
+                self.money
+                    .max_tokens(cfg.max_tokens, usage.cost_usd, sized.max(last_input))?;
+            if cfg.max_tokens < self.cfg.max_tokens {
+                debug!(
+                    api = A::NAME,
+                    node = self.job.node,
+                    turn,
+                    max_tokens = cfg.max_tokens,
+                    "max_tokens clamped to the run's budget"
+                );
+            }
+            let body = self.api.request(&cfg, &tools, messages);
             let resp = self.transport.post(&self.endpoint, &body, usage).await?;
+            let billed = Billed::of_reply(&resp);
+            usage.cost_usd += self.money.price.cost(&billed);
+            usage.input_tokens = usage
+                .input_tokens
+                .saturating_add(billed.cache_write.saturating_add(billed.cache_read));
+            last_input = [billed.output, billed.cache_write, billed.cache_read]
+                .into_iter()
+                .fold(billed.input, u64::saturating_add);
             let reply = read_reply(self.api, &resp, usage)?;
             debug!(
                 api = A::NAME,

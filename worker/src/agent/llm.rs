@@ -4,7 +4,6 @@
 
 use serde_json::Value;
 use shared::messages::Usage;
-use std::collections::BTreeMap;
 use std::time::Duration;
 use thiserror::Error;
 use tracing::warn;
@@ -19,67 +18,19 @@ pub enum LlmError {
     Malformed(String),
     #[error("no api key: set {0}")]
     NoKey(&'static str),
+    /// Closed by default: a call whose model has no price is never sent (its cost would be
+    /// unknown, never $0).
+    #[error("no price for model `{0}`: the call is not sent (price it in FLEET_PRICES)")]
+    NoPrice(String),
+    /// The run's budget has less left than the call's input would cost.
+    #[error("budget_exhausted: the run's budget has ${left:.6} left, not enough for another call")]
+    Budget { left: f64 },
     /// The fleet's ledger refused the call (`budget_exhausted: …`) or could not be asked.
     #[error("{0}")]
     Quota(#[from] crate::quota::Refusal),
 }
 
-/// The highest price per million tokens a table accepts (USD): past it a price is a typo, and
-/// a cost could overflow to infinity, which JSON cannot carry.
-pub const MAX_PRICE: f64 = 1_000_000.0;
-
-/// Per-million-token prices in USD: (input, output).
-#[derive(Clone, Debug, Default)]
-pub struct PriceTable(pub BTreeMap<String, (f64, f64)>);
-
-impl PriceTable {
-    pub fn with_defaults() -> Self {
-        let mut t = BTreeMap::new();
-        for (model, i, o) in [
-            ("claude-opus-4", 15.0, 75.0),
-            ("claude-sonnet-4", 3.0, 15.0),
-            ("claude-3-5-haiku", 0.8, 4.0),
-            ("gpt-4o", 2.5, 10.0),
-            ("gpt-4o-mini", 0.15, 0.6),
-        ] {
-            t.insert(model.to_string(), (i, o));
-        }
-        Self(t)
-    }
-
-    /// Adds entries from JSON `{"model": [input_per_mtok, output_per_mtok]}`. Prices are
-    /// between 0 and `MAX_PRICE`, so every cost is a finite, non-negative number.
-    pub fn extend_from_json(&mut self, json: &str) -> Result<(), String> {
-        let extra: BTreeMap<String, (f64, f64)> =
-            serde_json::from_str(json).map_err(|e| format!("bad price table: {e}"))?;
-        if let Some((model, (i, o))) = extra
-            .iter()
-            .find(|(_, (i, o))| !(0.0..=MAX_PRICE).contains(i) || !(0.0..=MAX_PRICE).contains(o))
-        {
-            return Err(format!(
-                "bad price table: `{model}` costs [{i}, {o}]; prices are between 0 and {MAX_PRICE} USD per million tokens"
-            ));
-        }
-        self.0.extend(extra);
-        Ok(())
-    }
-
-    /// Cost of a call; the longest model-name prefix in the table wins.
-    pub fn cost(&self, model: &str, input_tokens: u64, output_tokens: u64) -> f64 {
-        let best = self
-            .0
-            .iter()
-            .filter(|(k, _)| model.starts_with(k.as_str()))
-            .max_by_key(|(k, _)| k.len());
-        match best {
-            Some((_, (i, o))) => (input_tokens as f64 * i + output_tokens as f64 * o) / 1_000_000.0,
-            None => {
-                warn!(model, "no price for this model; cost counted as 0");
-                0.0
-            }
-        }
-    }
-}
+pub use super::prices::{Billed, Price, PriceTable, MAX_PRICE, PRICES_READ};
 
 /// The worker's LLM settings. API keys stay here and never enter a container (nor a log:
 /// `Debug` shows whether a key is set, never the key).
@@ -183,6 +134,11 @@ pub async fn post_with_retry(
     settings: &LlmSettings,
     usage: &mut Usage,
 ) -> Result<Value, LlmError> {
+    let model = body["model"].as_str().unwrap_or_default();
+    let price = settings
+        .prices
+        .price(model)
+        .ok_or_else(|| LlmError::NoPrice(model.to_string()))?;
     let mut attempt = 0;
     let gated = match (&settings.gate, &settings.scope, settings.provider_of(url)) {
         (Some(gate), Some(scope), Some(provider)) => Some((gate, scope, provider)),
@@ -208,10 +164,11 @@ pub async fn post_with_retry(
                 usage.llm_calls += 1;
                 let reply = resp.json::<Value>().await.map_err(LlmError::Http)?;
                 if let Some((gate, scope, provider)) = gated {
-                    let (input, output) = reply_tokens(&reply);
-                    let model = body["model"].as_str().unwrap_or_default();
-                    let usd = settings.prices.cost(model, input, output);
-                    gate.record(scope, provider, input.saturating_add(output), usd)
+                    let billed = Billed::of_reply(&reply);
+                    let tokens = [billed.output, billed.cache_write, billed.cache_read]
+                        .into_iter()
+                        .fold(billed.input, u64::saturating_add);
+                    gate.record(scope, provider, tokens, price.cost(&billed))
                         .await;
                 }
                 return Ok(reply);
@@ -258,16 +215,6 @@ pub fn retry_wait(retry_after: Option<&str>, attempt: u32) -> Duration {
         .unwrap_or(backoff)
         .clamp(0.0, 60.0);
     Duration::from_secs_f64(wait)
-}
-
-/// The input and output tokens a reply of either wire format reports (0 where it says none).
-pub fn reply_tokens(reply: &Value) -> (u64, u64) {
-    let u = &reply["usage"];
-    let field = |a: &str, b: &str| u[a].as_u64().or_else(|| u[b].as_u64()).unwrap_or(0);
-    (
-        field("input_tokens", "prompt_tokens"),
-        field("output_tokens", "completion_tokens"),
-    )
 }
 
 /// Adds a reply's token counts to `usage` (saturating: the numbers are the provider's).
@@ -378,11 +325,11 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn prices_use_the_longest_prefix() {
+    fn prices_use_the_longest_entry_a_snapshot_belongs_to() {
         let t = PriceTable::with_defaults();
-        let mini = t.cost("gpt-4o-mini-2024", 1_000_000, 0);
+        let mini = t.cost("gpt-4o-mini-2024-07-18", 1_000_000, 0);
         assert!((mini - 0.15).abs() < 1e-9);
-        assert_eq!(t.cost("unknown", 10, 10), 0.0);
+        assert!(t.price("unknown").is_none());
     }
 
     #[test]

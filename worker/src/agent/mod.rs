@@ -11,14 +11,16 @@ pub mod gateway_policy;
 pub mod inbox;
 pub mod llm;
 mod openai;
+mod prices;
 mod provider;
 pub mod rate;
 #[cfg(test)]
 mod tests;
 
 use crate::tools::ToolBox;
-use anthropic::Anthropic;
-use openai::OpenAi;
+pub use anthropic::Anthropic;
+pub use openai::OpenAi;
+pub use provider::{ChatApi, Reply, ToolOutput, ToolResult};
 use serde_json::{json, Value};
 use shared::messages::{AgentConfig, JobStatus, Usage};
 use std::time::Duration;
@@ -50,6 +52,9 @@ pub struct AgentJob<'a> {
     pub inbox: Option<&'a inbox::Inbox>,
     /// The invocation of an incremental session (a scripted agent plays its step by it).
     pub invocation: Option<u32>,
+    /// What the run's budget had left when the job was published (`JobSpec::llm_usd_left`):
+    /// each call's `max_tokens` is clamped to what it still pays for.
+    pub usd_left: Option<f64>,
 }
 
 /// The message a nudged agent receives.

@@ -13,6 +13,15 @@ inspect it. When you are done, call the `submit` function with your final answer
 /// arguments are a JSON string, one `tool` message per tool result.
 pub struct OpenAi;
 
+/// OpenAI's reasoning models (o-series, GPT-5): `max_completion_tokens`, no temperature.
+pub fn reasoning_model(model: &str) -> bool {
+    ["o1", "o3", "o4", "gpt-5"].iter().any(|family| {
+        model
+            .strip_prefix(family)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+    })
+}
+
 impl ChatApi for OpenAi {
     const NAME: &'static str = "openai";
     const TOOL_NOUN: &'static str = "function";
@@ -62,6 +71,18 @@ impl ChatApi for OpenAi {
                 {"name": d.name, "description": d.description, "parameters": d.schema}})
             })
             .collect();
+        if reasoning_model(&cfg.model) {
+            // OpenAI's reasoning models refuse `max_tokens` ("Use 'max_completion_tokens'
+            // instead") and any temperature but the default (the API's 400s, `unsupported_
+            // parameter` / `unsupported_value`; the reference: `max_tokens` "is not compatible
+            // with o-series models").
+            return json!({
+                "model": cfg.model,
+                "max_completion_tokens": cfg.max_tokens,
+                "tools": tools,
+                "messages": messages,
+            });
+        }
         json!({
             "model": cfg.model,
             "max_tokens": cfg.max_tokens,

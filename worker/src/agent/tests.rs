@@ -2,8 +2,8 @@
 //! session: no I/O.
 
 use super::anthropic::Anthropic;
-use super::chat::{conclude, Chat, Ended, Transport};
-use super::llm::LlmError;
+use super::chat::{conclude, Chat, Ended, Money, Transport};
+use super::llm::{LlmError, Price};
 use super::openai::OpenAi;
 use super::provider::{ChatApi, Endpoint};
 use super::{AgentJob, NUDGE};
@@ -187,11 +187,14 @@ impl Session for Recorder {
 struct Case {
     max_turns: u32,
     nudge_after: Option<Duration>,
+    /// The run's budget left (`AgentJob::usd_left`), output at $1000 a million tokens.
+    usd_left: Option<f64>,
 }
 
 const CASE: Case = Case {
     max_turns: 5,
     nudge_after: None,
+    usd_left: None,
 };
 
 /// What a conversation came to.
@@ -225,6 +228,7 @@ async fn converse<A: Wire>(api: &A, case: Case, replies: Vec<Result<Value, LlmEr
         },
         inbox: None,
         invocation: None,
+        usd_left: case.usd_left,
     };
     let cfg = LlmConfig {
         model: "m".into(),
@@ -245,6 +249,10 @@ async fn converse<A: Wire>(api: &A, case: Case, replies: Vec<Result<Value, LlmEr
             headers: vec![],
         },
         transport: &transport,
+        money: Money {
+            price: Price::new(0.0, 1000.0),
+            usd_left: job.usd_left,
+        },
     };
     let mut messages = api.start(None, &job.prompt);
     let mut usage = Usage::default();
@@ -529,6 +537,7 @@ async fn a_scripted_step_answers_only_the_jobs_its_when_matches() {
                 },
                 inbox: None,
                 invocation: None,
+                usd_left: None,
             };
             super::scripted(job, script, None).await
         }
@@ -539,4 +548,44 @@ async fn a_scripted_step_answers_only_the_jobs_its_when_matches() {
     let none = answer("c", 1).await;
     assert_eq!(none.status, JobStatus::Error);
     assert!(none.error.unwrap().contains("`scaffold`"));
+}
+
+/// A budget that runs out mid-conversation: the call it cannot pay in full is clamped to the
+/// output tokens left, and the next one is not sent; the spend never passes the budget.
+async fn a_budget_clamps_max_tokens_and_is_never_overshot<A: Wire>(api: &A) {
+    let spending = |output: u64| {
+        let mut r = A::calls(&[("c1", "list_dir", json!({}))]);
+        r["usage"] = json!({"input_tokens": 0, "output_tokens": output,
+            "prompt_tokens": 0, "completion_tokens": output});
+        Ok(r)
+    };
+    let case = Case {
+        usd_left: Some(0.015),
+        ..CASE
+    };
+    // $0.001 an output token: 15 tokens in all; max_tokens is 10.
+    let run = converse(api, case, vec![spending(8), spending(7), spending(1)]).await;
+    let max: Vec<u64> = run
+        .bodies
+        .iter()
+        .map(|b| b["max_tokens"].as_u64().unwrap_or_default())
+        .collect();
+    assert_eq!(max, vec![10, 7], "{}", A::NAME);
+    assert!(
+        run.usage.cost_usd <= 0.015 + 1e-12,
+        "{}: {}",
+        A::NAME,
+        run.usage.cost_usd
+    );
+    assert!((run.usage.cost_usd - 0.015).abs() < 1e-9, "{}", A::NAME);
+    match run.ended {
+        Err(LlmError::Budget { left }) => assert!(left < 1e-9, "{left}"),
+        other => panic!("{}: {other:?}", A::NAME),
+    }
+}
+
+#[tokio::test]
+async fn a_budget_clamps_max_tokens_on_both_apis() {
+    a_budget_clamps_max_tokens_and_is_never_overshot(&Anthropic).await;
+    a_budget_clamps_max_tokens_and_is_never_overshot(&OpenAi).await;
 }

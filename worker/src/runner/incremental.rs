@@ -220,6 +220,7 @@ impl Runner {
                 },
                 inbox: Some(&inbox),
                 invocation: Some(n),
+                usd_left: s.spec.llm_usd_left,
             };
             let out = agent::run(
                 job,

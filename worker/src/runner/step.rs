@@ -163,6 +163,7 @@ impl Runner {
                     },
                     inbox: None,
                     invocation: None,
+                    usd_left: spec.llm_usd_left,
                 };
                 let out = match (&spec.agent, gateway) {
                     (AgentConfig::Command(agent), Some(gateway)) => {

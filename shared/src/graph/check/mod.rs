@@ -5,14 +5,18 @@
 //! [`CheckError`] and the names the checker knows (reserved context names, harness ops, exit
 //! assemblers); `nodes.rs` checks one node (routes, expressions, worktrees and write scopes,
 //! and the fields of each node kind); `reach.rs` walks the graph (successors, reachability,
-//! loops).
+//! loops); `providers.rs` checks agent nodes' output schemas against the LLM providers' rules
+//! (`crate::providers`), apart from [`check`]: which provider's rules are errors depends on the
+//! run.
 
 mod nodes;
+mod providers;
 mod reach;
 
 use super::{GraphBundle, NodeKind};
 use crate::ids::NodeId;
 use nodes::check_node;
+pub use providers::{check_providers, ProviderFindings};
 use reach::{cycles, reachable_from};
 use std::fmt;
 

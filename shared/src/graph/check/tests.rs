@@ -236,3 +236,68 @@ fn a_tool_policy_names_a_known_profile_that_offers_the_tools_listed() {
     .unwrap_err();
     assert!(errs.iter().any(|e| e.contains("tool_policy")), "{errs:?}");
 }
+
+/// The bundle of `OK` with `s.json` holding `schema`.
+fn bundle_with_schema(schema: &str) -> crate::graph::GraphBundle {
+    let schema = schema.to_string();
+    load_bundle("g.yaml", OK, move |p| match p {
+        "t.md" => Ok("do {{ input.x }}".into()),
+        "s.json" => Ok(schema.clone()),
+        _ => Err("no such file".into()),
+    })
+    .expect("the graph itself is valid")
+}
+
+#[test]
+fn an_output_schema_with_a_top_level_one_of_is_refused_for_anthropic_naming_the_rule() {
+    use crate::providers::Provider;
+    let b =
+        bundle_with_schema(r#"{"type":"object","oneOf":[{"required":["a"]},{"required":["b"]}]}"#);
+    let found = super::check_providers(&b, &[Provider::Anthropic]);
+    let errs: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    let e = &errs[0];
+    for part in [
+        "g.yaml",
+        "node `a`",
+        "field `output_schema`",
+        "`s.json`",
+        "anthropic",
+        "input_schema does not support oneOf, allOf, or anyOf at the top level",
+    ] {
+        assert!(e.contains(part), "{part} missing from {e}");
+    }
+    // OpenAI documents no such rule for plain function calling: no warning for it either.
+    assert!(found.warnings.is_empty(), "{:?}", found.warnings);
+    // Submitted with OpenAI, the Anthropic rule is a warning, not an error.
+    let found = super::check_providers(&b, &[Provider::Openai]);
+    assert!(found.errors.is_empty(), "{:?}", found.errors);
+    assert_eq!(found.warnings.len(), 1);
+    assert!(found.warnings[0].to_string().contains("anthropic"));
+}
+
+#[test]
+fn an_output_schema_that_is_no_object_is_refused_for_both_providers() {
+    use crate::providers::Provider;
+    let b = bundle_with_schema(r#"{"type":"array","items":{"type":"string"}}"#);
+    let found = super::check_providers(&b, &Provider::ALL);
+    let errs: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    for p in ["anthropic", "openai"] {
+        assert!(
+            errs.iter()
+                .any(|e| e.contains(p) && e.contains(crate::providers::RULE_OBJECT)),
+            "{p}: {errs:?}"
+        );
+    }
+    // A root if/then/else is what both accept.
+    let b = bundle_with_schema(
+        r#"{"type":"object","if":{"required":["a"]},"then":{"not":{"required":["b"]}},"else":{"required":["b"]}}"#,
+    );
+    let found = super::check_providers(&b, &Provider::ALL);
+    assert!(
+        found.errors.is_empty() && found.warnings.is_empty(),
+        "{:?}",
+        found.errors
+    );
+}
