@@ -31,6 +31,7 @@ pub mod schedule;
 pub mod schema;
 pub mod scope;
 pub mod session;
+pub mod special_case;
 pub mod step_cache;
 pub mod testfail;
 pub mod testreport;

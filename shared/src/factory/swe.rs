@@ -186,6 +186,8 @@ pub fn swe_item(line: &Value) -> Result<SweItem, SweError> {
         context_files,
         notes: None,
         tests: Some(tests),
+        policy_allow: None,
+        examples: None,
     };
     work_order
         .validate()
