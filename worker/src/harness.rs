@@ -264,6 +264,8 @@ async fn finish_apply(
         "apply_ok": output["apply_ok"],
         "touched_files": output["touched_files"],
         "stderr_excerpt": text::tail(stderr, 40, 2000),
+        "policy_refused": output["policy_refused"],
+        "suspected_special_case": output["suspected_special_case"],
     });
     art.put_json("apply_result.json", &apply_result).await?;
     match brief {
