@@ -272,10 +272,11 @@ fn classify(toks: &[Token], at: usize) -> Option<&'static str> {
     if matches!(first, "if" | "elif" | "case" | "while") {
         return Some("branch");
     }
-    let compares = toks.windows(2).any(|w| match (&w[0], &w[1]) {
-        (Token::Punct('=' | '!' | '<' | '>'), Token::Punct('=')) => true,
-        (Token::Punct('<' | '>'), _) => true,
-        _ => false,
+    let compares = toks.windows(2).any(|w| {
+        matches!(
+            (&w[0], &w[1]),
+            (Token::Punct('=' | '!' | '<' | '>'), Token::Punct('=')) | (Token::Punct('<' | '>'), _)
+        )
     }) || toks
         .iter()
         .any(|t| matches!(t, Token::Word(w) if w == "in" || w == "is"));

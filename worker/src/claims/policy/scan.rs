@@ -51,7 +51,7 @@ impl Scan<'_> {
                 "future_import_statement" => continue,
                 "attribute" => self.attribute(node),
                 "concatenated_string" => self.string(&children(node), line(node)),
-                "string" if !parent.is_some_and(|p| p.kind() == "concatenated_string") => {
+                "string" if parent.is_none_or(|p| p.kind() != "concatenated_string") => {
                     self.string(&[node], line(node))
                 }
                 _ if is_name(node) => self.identifier(node, parent),
