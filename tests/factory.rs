@@ -185,6 +185,75 @@ async fn a_scope_violation_feeds_its_brief_into_the_next_attempt() -> anyhow::Re
     Ok(())
 }
 
+/// A patch that reaches an attribute by a name computed at run time (`operator.attrgetter`,
+/// the route of a runner-tampering patch) is refused by the policy after it applies, naming
+/// file, line, rule and name; the brief goes back to the SE, whose honest second patch passes.
+/// The first patch's branch on the tests' input is reported as a suspected special case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_beyond_the_policy_is_refused_with_its_line_and_the_next_attempt_passes(
+) -> anyhow::Result<()> {
+    let stack = Stack::start("policy", 2, &[]).await?;
+    let (run, _) = submit(&stack, "script-policy-then-pass.json").await?;
+    let status = stack.wait_run(&run, RUN_TIMEOUT).await?;
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let (_, s) = summary(&stack, &run).await?;
+    assert_eq!((s.verdict.as_str(), s.attempts.len()), ("PASS", 2));
+    let first = s.attempts[0]
+        .failure_brief
+        .as_ref()
+        .expect("attempt 1 failed");
+    assert_eq!(serde_json::to_value(first.stage)?, "policy_refused");
+    assert!(
+        first
+            .primary_error_excerpt
+            .contains("calc.py:12: name_not_allowed `operator.attrgetter`"),
+        "{}",
+        first.primary_error_excerpt
+    );
+    assert_bounded(first);
+    let tr1 = stack
+        .node_artifact_json(&run, "tr", 1, "apply_result.json")
+        .await?;
+    assert_eq!(
+        tr1["policy_refused"],
+        json!([{"path": "calc.py", "name": "operator.attrgetter",
+                "rule": "name_not_allowed", "line": 12}]),
+        "{tr1}"
+    );
+    let signals: Vec<(u64, &str, &str)> = tr1["suspected_special_case"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| {
+            (
+                x["line"].as_u64().unwrap_or(0),
+                x["literal"].as_str().unwrap_or(""),
+                x["why"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        signals,
+        vec![
+            (9, "3", "branch"),
+            (9, "4", "branch"),
+            (10, "12", "return_after_branch")
+        ],
+        "{tr1}"
+    );
+    let tr2 = stack
+        .node_artifact_json(&run, "tr", 2, "apply_result.json")
+        .await?;
+    assert_eq!(tr2["suspected_special_case"], json!([]), "{tr2}");
+    assert!(tr2["policy_refused"].is_null(), "{tr2}");
+    let prompt2 = prompt(&stack, &run, 2).await?;
+    assert!(
+        prompt2.contains("stage: policy_refused") && prompt2.contains("operator.attrgetter"),
+        "{prompt2}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_patch_on_every_attempt_fails_after_max_attempts() -> anyhow::Result<()> {
     let stack = Stack::start("fail", 2, &[]).await?;

@@ -32,6 +32,7 @@ pub mod schedule;
 pub mod schema;
 pub mod scope;
 pub mod session;
+pub mod special_case;
 pub mod speccheck;
 pub mod step_cache;
 pub mod testfail;

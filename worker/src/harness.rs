@@ -118,6 +118,9 @@ struct ApplyPatchParams {
     unified_diff: String,
     #[serde(default)]
     attempt_index: Value,
+    /// What the policy and special-casing checks read of the work order.
+    #[serde(flatten)]
+    checks: crate::patch_checks::PatchCheckParams,
 }
 
 /// `check_skeleton`'s parameters.
@@ -167,7 +170,8 @@ pub(crate) fn failed(output: Value, brief: &FailureBrief) -> StepOutcome {
 pub use crate::acceptance::factory_verify;
 
 /// TR: the paths the patch changes, as libgit2 parses it (both sides of renames, modes), must be
-/// inside the node's write scope (the work order's `allowed_files`); then `git apply`.
+/// inside the node's write scope (the work order's `allowed_files`); then `git apply`; then the
+/// policy for code written by agents on the Python files it touched (`patch_checks`).
 pub async fn apply_patch(
     params: &Value,
     scope: Option<&WriteScope>,
@@ -178,7 +182,7 @@ pub async fn apply_patch(
         Ok(p) => p,
         Err(bad) => return Ok(bad),
     };
-    let (diff, attempt) = (p.unified_diff, p.attempt_index);
+    let (diff, attempt, checks) = (p.unified_diff, p.attempt_index, p.checks);
     let patch_path = art
         .put("proposed_patch.diff", diff.clone().into_bytes())
         .await?;
@@ -228,10 +232,14 @@ pub async fn apply_patch(
             return finish_apply(output, Some(brief), "", art).await;
         }
     }
-    match wt.blocking(move |wt| wt.apply_patch(&diff)).await {
+    let touched: Vec<String> = changes.iter().filter_map(|c| c.new_path.clone()).collect();
+    let base = crate::patch_checks::read_base(wt, touched, checks).await;
+    let applied = diff.clone();
+    match wt.blocking(move |wt| wt.apply_patch(&applied)).await {
         Ok(()) => {
             output["apply_ok"] = json!(true);
-            finish_apply(output, None, "", art).await
+            let refused = crate::patch_checks::judge(wt, base, diff, &mut output).await;
+            finish_apply(output, refused, "", art).await
         }
         Err(e) => {
             let msg = e.to_string();
@@ -256,6 +264,8 @@ async fn finish_apply(
         "apply_ok": output["apply_ok"],
         "touched_files": output["touched_files"],
         "stderr_excerpt": text::tail(stderr, 40, 2000),
+        "policy_refused": output["policy_refused"],
+        "suspected_special_case": output["suspected_special_case"],
     });
     art.put_json("apply_result.json", &apply_result).await?;
     match brief {

@@ -19,6 +19,7 @@ pub mod memory_queue;
 pub mod metrics;
 pub mod mutants;
 pub mod mutation;
+pub mod patch_checks;
 pub mod queue;
 pub mod quota;
 pub mod rabbitmq;

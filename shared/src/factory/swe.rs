@@ -187,7 +187,8 @@ pub fn swe_item(line: &Value) -> Result<SweItem, SweError> {
         notes: None,
         tests: Some(tests),
         checks: None,
-        policy_allow: Vec::new(),
+        policy_allow: None,
+        examples: None,
     };
     work_order
         .validate()

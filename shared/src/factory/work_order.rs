@@ -30,6 +30,8 @@ pub enum Stage {
     LlmOutputInvalid,
     PatchScopeViolation,
     PatchApplyFailed,
+    /// The patch uses what code written by agents may not (the policy's allow-lists).
+    PolicyRefused,
     VerifyFailed,
     AcceptanceFailed,
     /// The guard saw the code under test reach the test runner, or a must-fail twin passed.
@@ -61,9 +63,29 @@ pub struct WorkOrder {
     /// (`shared::speccheck`): planted among the acceptance tests and run outside the runner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checks: Option<crate::speccheck::SpecChecks>,
-    /// Names the policy for code under test allows beyond its defaults (modules, builtins).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub policy_allow: Vec<String>,
+    /// Names the policy for code written by agents allows beyond its defaults (modules,
+    /// builtins, dotted names: `os`, `open`, `sys.maxsize`), checked on the patch by TR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_allow: Option<Vec<String>>,
+    /// Examples of the intent (any JSON); their literals feed the special-casing signals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub examples: Option<Value>,
+}
+
+/// Entries of `policy_allow`, at most, and their length.
+pub const MAX_POLICY_ALLOW: usize = 100;
+const MAX_POLICY_NAME: usize = 200;
+
+/// A name the policy can allow: dotted identifiers, or `*` (the policy off).
+fn valid_policy_name(name: &str) -> bool {
+    name == "*"
+        || (!name.is_empty()
+            && name.len() <= MAX_POLICY_NAME
+            && name.split('.').all(|seg| {
+                !seg.is_empty()
+                    && !seg.starts_with(|c: char| c.is_ascii_digit())
+                    && seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            }))
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -111,6 +133,24 @@ impl WorkOrder {
         }
         for (i, c) in self.acceptance_commands.iter().enumerate() {
             super::split_command(c).map_err(|e| field(&format!("acceptance_commands[{i}]"), e))?;
+        }
+        let allow = self.policy_allow.as_deref().unwrap_or_default();
+        if allow.len() > MAX_POLICY_ALLOW {
+            return Err(field(
+                "policy_allow",
+                format!("at most {MAX_POLICY_ALLOW} names, got {}", allow.len()),
+            ));
+        }
+        for (i, name) in allow.iter().enumerate() {
+            if !valid_policy_name(name) {
+                return Err(field(
+                    &format!("policy_allow[{i}]"),
+                    format!(
+                        "`{}` is not a dotted name (or `*`)",
+                        crate::text::head(name, 60)
+                    ),
+                ));
+            }
         }
         if let Some(c) = &self.checks {
             c.validate().map_err(|e| field("checks", e))?;
@@ -408,6 +448,25 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("at most 10"));
+        for bad in [
+            json!(["os", ""]),
+            json!(["os path"]),
+            json!(["a..b"]),
+            json!("os"),
+        ] {
+            let mut wo = order();
+            wo["policy_allow"] = bad.clone();
+            let err = WorkOrder::from_value(&wo).unwrap_err().to_string();
+            assert!(
+                err.contains("policy_allow") || err.contains("malformed"),
+                "{bad}: {err}"
+            );
+        }
+        let mut wo = order();
+        wo["policy_allow"] = json!(["os", "sys.maxsize", "open", "*"]);
+        wo["examples"] = json!([{"input": [3, 4], "expected": 12}]);
+        let parsed = WorkOrder::from_value(&wo).unwrap();
+        assert_eq!(parsed.policy_allow.unwrap().len(), 4);
         let mut wo = order();
         wo.as_object_mut().unwrap().remove("intent");
         assert!(matches!(

@@ -3,6 +3,7 @@
 //! the test runner's process.
 
 use super::{bad_params, default_timeout, python};
+use crate::claims::policy::{self, Allowances, Forbidden};
 use crate::harness::{Artifacts, StepOutcome};
 use crate::safe_fs;
 use crate::sandbox::Session;
@@ -12,62 +13,92 @@ use shared::messages::JobStatus;
 use std::path::Path;
 use std::time::Duration;
 
-type PolicyCheck = fn(&str, &[String]) -> Result<Vec<crate::claims::policy::Forbidden>, String>;
+/// One language's policy over a source, the run's allowances applied.
+type PolicyCheck = Box<dyn Fn(&str) -> Result<Vec<Forbidden>, String> + Send>;
+
+/// The language's policy and the extension of the files it owns. Python's is an allow-list
+/// widened by `allow` (and the project's own modules); Haskell's a deny-list that `allow`
+/// shortens. `*` turns either off.
+fn policy_for(
+    language: &str,
+    impl_paths: &[String],
+    allow: &[String],
+    root: &Path,
+) -> Option<(PolicyCheck, &'static str)> {
+    match language {
+        "python" => {
+            let dirs: Vec<String> = impl_paths
+                .iter()
+                .filter_map(|p| p.rsplit_once('/').map(|(d, _)| d.to_string()))
+                .collect();
+            let allowances = Allowances {
+                allow: allow.to_vec(),
+                local_modules: policy::local_modules(root, &dirs),
+            };
+            Some((
+                Box::new(move |s| policy::python_refusals(s, &allowances)),
+                ".py",
+            ))
+        }
+        "haskell" => {
+            let rules: Vec<String> = crate::claims::haskell::HASKELL_FORBIDDEN
+                .iter()
+                .filter(|r| !allow.iter().any(|a| a == *r || a == "*"))
+                .map(|r| r.to_string())
+                .collect();
+            Some((
+                Box::new(move |s| crate::claims::haskell::forbidden(s, &rules)),
+                ".hs",
+            ))
+        }
+        _ => None,
+    }
+}
 
 /// Implementation code that reaches the test runner's process is refused before anything runs
 /// it: for Python (`claims::policy`) and Haskell (`claims::haskell`) the code under test
-/// shares the runner's process.
+/// shares the runner's process. Ok: the Python files the policy could not parse (the build
+/// reports a syntax error; a file the build accepts is refused after it).
 fn impl_policy(
     language: &str,
     impl_paths: &[String],
     allow: &[String],
     root: &Path,
-) -> Option<StepOutcome> {
-    let (defaults, check, ext): (&[&str], PolicyCheck, &str) = match language {
-        "python" => (
-            crate::claims::policy::PYTHON_FORBIDDEN,
-            crate::claims::policy::python_forbidden,
-            ".py",
-        ),
-        "haskell" => (
-            crate::claims::haskell::HASKELL_FORBIDDEN,
-            crate::claims::haskell::forbidden,
-            ".hs",
-        ),
-        _ => return None,
+) -> Result<Vec<String>, StepOutcome> {
+    let Some((check, ext)) = policy_for(language, impl_paths, allow, root) else {
+        return Ok(Vec::new());
     };
-    let rules: Vec<String> = defaults
-        .iter()
-        .filter(|r| !allow.iter().any(|a| a == *r))
-        .map(|r| r.to_string())
-        .collect();
     let mut found = Vec::new();
+    let mut unparsable = Vec::new();
     for path in impl_paths.iter().filter(|p| p.ends_with(ext)) {
         let source = match safe_fs::read_text_within(root, path, 1 << 20) {
             Ok(s) => s,
             Err(e) if e.is_not_found() => continue,
             Err(e) => {
-                return Some(StepOutcome {
+                return Err(StepOutcome {
                     status: JobStatus::Failed,
                     output: json!({"build_ok": false, "forbidden": [{"path": path, "why": e.to_string()}]}),
                     error: Some(format!("cannot read the implementation: {e}")),
                 })
             }
         };
-        // Unparsable sources are the build's to report.
-        if let Ok(hits) = check(&source, &rules) {
-            found.extend(hits.into_iter().map(|h| (path.clone(), h)));
+        match check(&source) {
+            Ok(hits) => found.extend(hits.into_iter().map(|h| (path.clone(), h))),
+            Err(_) if language == "python" && !allow.iter().any(|a| a == "*") => {
+                unparsable.push(path.clone())
+            }
+            Err(_) => {}
         }
     }
     if found.is_empty() {
-        return None;
+        return Ok(unparsable);
     }
     let shown: Vec<String> = found
         .iter()
         .take(10)
-        .map(|(p, h)| format!("`{}` ({p}:{})", h.name, h.line))
+        .map(|(p, h)| format!("`{}` ({}, {p}:{})", h.name, h.rule, h.line))
         .collect();
-    Some(StepOutcome {
+    Err(StepOutcome {
         status: JobStatus::Failed,
         output: json!({
             "build_ok": false,
@@ -78,6 +109,24 @@ fn impl_policy(
             shown.join(", ")
         )),
     })
+}
+
+/// A build that passed over Python the policy could not parse: refused (code the policy
+/// cannot read is code it cannot clear).
+fn unreadable(paths: &[String], output: Value) -> StepOutcome {
+    let mut output = output;
+    output["forbidden"] = json!(paths
+        .iter()
+        .map(|p| json!({"path": p, "name": p, "rule": "unparsable", "line": 0}))
+        .collect::<Vec<_>>());
+    StepOutcome {
+        status: JobStatus::Failed,
+        output,
+        error: Some(format!(
+            "the implementation builds but the policy cannot parse it: {}",
+            paths.join(", ")
+        )),
+    }
 }
 
 /// `check_build`: the build command, run by the harness (an agent's `build_passed` is a claim).
@@ -97,7 +146,8 @@ pub async fn check_build(
         /// Implementation files checked against the language's policy before the build.
         #[serde(default)]
         impl_paths: Vec<String>,
-        /// Entries of the policy the run allows after all (e.g. `open` for a file format).
+        /// Names the policy allows beyond its defaults (e.g. `open` for a file format; `*`
+        /// turns it off).
         #[serde(default)]
         allow: Vec<String>,
     }
@@ -114,9 +164,10 @@ pub async fn check_build(
         );
         safe_fs::blocking(move || impl_policy(&language, &paths, &allow, &root)).await
     };
-    if let Some(refused) = refused {
-        return Ok(refused);
-    }
+    let unparsable = match refused {
+        Ok(unparsable) => unparsable,
+        Err(refused) => return Ok(refused),
+    };
     let argv = match shared::factory::split_command(&p.build_command) {
         Ok(a) => a,
         Err(e) => return Ok(bad_params(format!("bad build command: {e}"))),
@@ -131,6 +182,9 @@ pub async fn check_build(
         "stdout_tail": r.stdout_trunc,
         "stderr_tail": r.stderr_trunc,
     });
+    if ok && !unparsable.is_empty() {
+        return Ok(unreadable(&unparsable, output));
+    }
     Ok(StepOutcome {
         status: if ok { JobStatus::Ok } else { JobStatus::Failed },
         error: (!ok).then(|| format!("the build failed with exit code {code}")),
