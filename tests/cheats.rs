@@ -752,7 +752,10 @@ async fn cheat_skips_and_xfails_raised_by_the_impl_under_pytest_are_not_passes(
         assert_exit(&status, &r, "RunnerTampered");
         let validate = test_report(&stack, run, "validate", 1).await?;
         assert_eq!(validate["passed"], false, "{validate}");
-        assert_eq!(validate["category"], "runner_tampered", "{name}: {validate}");
+        assert_eq!(
+            validate["category"], "runner_tampered",
+            "{name}: {validate}"
+        );
         let tampered = validate["tampered"].to_string();
         let twin_said = if *name == "skip-xfail" {
             "was reported Skipped"

@@ -266,6 +266,7 @@ async fn a_commit_uploaded_again_through_another_coordinator_is_taken_by_the_fir
         async move {
             let resp = http
                 .post(format!("{server}/v1/uploads?commit={commit}"))
+                .header("content-type", "application/octet-stream")
                 .body(pack)
                 .send()
                 .await?;

@@ -20,7 +20,6 @@ async fn stack(llm: &FakeLlm, tag: &str) -> anyhow::Result<Stack> {
     let env = [
         ("FLEET_ANTHROPIC_BASE_URL", llm.base_url.as_str()),
         ("ANTHROPIC_API_KEY", KEY),
-        ("FLEET_PRICES", r#"{"fake-model": [3.0, 15.0]}"#),
     ];
     Stack::start(tag, 1, &env).await
 }
@@ -52,7 +51,7 @@ async fn attack(stack: &Stack, args: &str) -> anyhow::Result<(Value, Value, Valu
         "--llm-api",
         "anthropic",
         "--llm-model",
-        "fake-model",
+        "claude-haiku-4-5",
         "--agent-command",
         &command,
     ])?;
@@ -142,7 +141,7 @@ async fn what_a_program_sends_cannot_raise_what_a_call_costs() -> anyhow::Result
     let reqs = llm.requests();
     assert_eq!(reqs.len(), 1, "only the plain call left the worker");
     let sent = &reqs[0].body;
-    assert_eq!(sent["model"], "fake-model");
+    assert_eq!(sent["model"], "claude-haiku-4-5");
     let asked = sent["max_tokens"].as_u64().unwrap_or(u64::MAX);
     assert!(asked <= 16_384, "max_tokens {asked} reached the provider");
     assert_eq!(sent["n"], 1, "{sent}");

@@ -99,17 +99,15 @@ pub async fn factory_verify(
         .await?;
     let mut acceptance = Vec::new();
     if brief.is_none() {
-        let run = crate::guarded_acceptance::run_acceptance(
-            place,
-            &p.acceptance_commands,
-            p.spec_checks.as_ref(),
-            &p.allow,
-            &p.code_under_test,
+        let inputs = crate::guarded_acceptance::AcceptanceInputs {
+            commands: &p.acceptance_commands,
+            checks: p.spec_checks.as_ref(),
+            allow: &p.allow,
+            written: &p.code_under_test,
             seed,
             timeout,
-            art,
-        )
-        .await?;
+        };
+        let run = crate::guarded_acceptance::run_acceptance(place, inputs, art).await?;
         acceptance = run.results;
         brief = run.brief;
         output["guard"] = json!(run.findings);

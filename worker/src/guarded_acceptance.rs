@@ -57,18 +57,33 @@ pub fn pytest_paths(argv: &[String]) -> Option<Vec<String>> {
     Some(paths)
 }
 
+/// What the acceptance commands run with.
+pub struct AcceptanceInputs<'a> {
+    pub commands: &'a [String],
+    /// The work order's own checks (planted in the first pytest run).
+    pub checks: Option<&'a SpecChecks>,
+    /// Modules code under test may import beyond the defaults.
+    pub allow: &'a [String],
+    /// The files the patch touched: the code under test the guard judges.
+    pub written: &'a [String],
+    pub seed: &'a str,
+    pub timeout: Duration,
+}
+
 /// Runs the acceptance commands in order until one fails.
-#[allow(clippy::too_many_arguments)]
 pub async fn run_acceptance(
     place: &RunPlace<'_>,
-    commands: &[String],
-    checks: Option<&SpecChecks>,
-    allow: &[String],
-    written: &[String],
-    seed: &str,
-    timeout: Duration,
+    inputs: AcceptanceInputs<'_>,
     art: &mut Artifacts<'_>,
 ) -> Result<AcceptanceRun, crate::blobs::BlobError> {
+    let AcceptanceInputs {
+        commands,
+        checks,
+        allow,
+        written,
+        seed,
+        timeout,
+    } = inputs;
     let mut run = AcceptanceRun {
         results: Vec::new(),
         brief: None,
