@@ -154,7 +154,7 @@ def check_references(docs):
     code = rust_text()
     read = env_names_read(code)
     api = (ROOT / "coordinator" / "src" / "api.rs").read_text()
-    public_routes = set(re.findall(r'at\(Get,\s*"([^"]+)",\s*\w+\)\.public\(\)', api))
+    public_routes = set(re.findall(r'at\(Get,\s*"([^"]+)",\s*[\w:]+\)\.public\(\)', api))
     serve = (ROOT / "coordinator" / "src" / "cli" / "serve.rs").read_text()
     worker_routes = set(re.findall(r'\.route\(\s*"([^"]+)"', serve))
     served = {"coordinator": public_routes, "worker": worker_routes}
