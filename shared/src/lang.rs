@@ -109,6 +109,9 @@ pub struct PythonGuard {
     pub code_under_test: Vec<String>,
     /// Modules code under test may import beyond the project's own.
     pub allowed_modules: Vec<String>,
+    /// The runner's hot state compared after every test (else after collection and at the
+    /// end only: mutant runs, whose implementation a guarded run already validated).
+    pub per_test: bool,
 }
 
 /// Modules Python code under test may import by default: the pure part of the standard
@@ -170,6 +173,7 @@ fn guard_source(work: &str, harness: &str, guard: &PythonGuard, record: &str) ->
         "tests": guard.tests,
         "test_files": guard.test_files,
         "code_under_test": guard.code_under_test,
+        "per_test": guard.per_test,
         "allowed_modules": guard.allowed_modules,
     });
     let conf = serde_json::to_string(&conf.to_string()).unwrap_or_default();

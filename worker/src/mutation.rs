@@ -147,6 +147,9 @@ pub async fn run(
     // The tests are laid down once; each run below is judged against the frozen set.
     let frozen_ids: BTreeSet<String> = frozen.tests.iter().cloned().collect();
     p.tests.frozen = None;
+    // The implementation was validated by a guarded run with twins; a mutant run keeps the
+    // guard's start and end (a tampering mutant only makes mutants survive, never a pass).
+    p.tests.twins = false;
     let root = &place.wt.dir;
     let mut results = Vec::new();
     for m in &p.mutants {

@@ -131,7 +131,14 @@ def _watched(name):
     return name.split(".")[0] in _WATCHED or name.startswith("fleet_")
 
 
-def _shot(_modules=_sys.modules, _s=_sys):
+# What a test's run goes through: compared after every test (the rest after collection and
+# at the end).
+_HOT = ("_pytest.python", "_pytest.runner", "_pytest.reports", "_pytest.junitxml",
+        "_pytest.outcomes", "_pytest.terminal", "_pytest.main", "_pytest.fixtures",
+        "_pytest.nodes", "_pytest.skipping", "pluggy", "builtins")
+
+
+def _shot(hot=False, _modules=_sys.modules, _s=_sys, _hot=_HOT):
     seen = {
         "sys.meta_path": tuple(map(id, _s.meta_path)),
         "sys.path_hooks": tuple(map(id, _s.path_hooks)),
@@ -142,6 +149,8 @@ def _shot(_modules=_sys.modules, _s=_sys):
     }
     for mname, mod in list(_modules.items()):
         if mod is None or not _watched(mname):
+            continue
+        if hot and not mname.startswith(_hot):
             continue
         seen["sys.modules[" + mname + "]"] = id(mod)
         try:
@@ -162,10 +171,11 @@ def _shot(_modules=_sys.modules, _s=_sys):
     return seen
 
 
-def _compare(before, when, _write=_WRITE, _told=set()):
-    now = _shot()
-    changed = [k for k, v in before.items() if (now.get(k, v) != v or k not in now)
-               and k not in _told]
+def _compare(before, when, hot=False, _write=_WRITE, _told=set()):
+    now = _shot(hot)
+    changed = [k for k, v in now.items() if k in before and before[k] != v and k not in _told]
+    if not hot:
+        changed += [k for k in before if k not in now and k not in _told]
     for key in sorted(changed)[:20]:
         _told.add(key)
         _write("runner changed (seen at " + when + "): " + key)
@@ -185,9 +195,9 @@ def pytest_collection_finish(session):
     _compare(_STATE.get("before", {}), "collection")
 
 
-def pytest_runtest_logreport(report):
-    if report.when == "call":
-        _compare(_STATE.get("before", {}), report.nodeid)
+def pytest_runtest_logreport(report, _per_test=_CONF.get("per_test", True)):
+    if report.when == "call" and _per_test:
+        _compare(_STATE.get("before", {}), report.nodeid, hot=True)
 
 
 def pytest_unconfigure(config, _fd=_FD, _w=_os.write, _n=_CONF["nonce"]):

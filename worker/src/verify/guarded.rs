@@ -128,6 +128,7 @@ pub fn guard_for(work: &str, params: &TestRunParams, nonce: &str) -> PythonGuard
         test_files,
         code_under_test,
         allowed_modules: allowed,
+        per_test: params.twins,
     }
 }
 
@@ -158,7 +159,11 @@ pub async fn prepare(
         guard.nonce.clone(),
         checks.clone(),
     );
+    let twins = params.twins;
     let planting = safe_fs::blocking(move || {
+        if !twins && c.is_none() {
+            return Ok(Planting::default());
+        }
         let files = plant::test_files(&root, &paths);
         plant::plant(&root, &files, c.as_ref(), &nonce, seed)
     })

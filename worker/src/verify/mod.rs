@@ -91,6 +91,14 @@ pub struct TestRunParams {
     /// in them does. Empty: every file of the worktree but the tests.
     #[serde(default)]
     pub code_under_test: Vec<String>,
+    /// Must-fail twins planted and the runner compared after every test (true); mutant runs,
+    /// whose implementation a guarded run validated, keep the guard's start and end only.
+    #[serde(default = "yes")]
+    pub twins: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 pub(crate) fn python() -> String {
