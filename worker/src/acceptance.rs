@@ -182,6 +182,12 @@ async fn named_acceptance(
                 judgement,
                 brief,
             } = *judged;
+            if brief
+                .as_ref()
+                .is_some_and(|b| b.stage == Stage::RunnerTampered)
+            {
+                output["category"] = json!("runner_tampered");
+            }
             (run, judgement, brief)
         }
     };
@@ -403,6 +409,20 @@ pub async fn accept_named_tests(
     let judgement = judge_named(tests, obs.report.as_ref().map_err(String::as_str));
     art.put_json("tests_result.json", &serde_json::json!(judgement))
         .await?;
+    // Tampering seen by the runner guard is its own verdict, naming what was seen.
+    if !obs.tampered.is_empty() {
+        let why = format!("the runner was tampered with: {}", obs.tampered.join("; "));
+        return Ok(Acceptance::Judged(Box::new(Judged {
+            run: Some(run),
+            judgement,
+            brief: Some(FailureBrief::new(
+                Stage::RunnerTampered,
+                Some(command.clone()),
+                Some(obs.exit_code),
+                &why,
+            )),
+        })));
+    }
     let brief = (!judgement.ok).then(|| {
         let mut excerpt = judgement.reasons.join("\n");
         for n in judgement
