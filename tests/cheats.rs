@@ -81,31 +81,7 @@ fn make_repo(dest: &Path, extra: &[(&str, &str)]) -> anyhow::Result<String> {
         String::from_utf8_lossy(&out.stderr)
     );
     if !extra.is_empty() {
-        for (path, body) in extra {
-            let p = dest.join(path);
-            std::fs::create_dir_all(p.parent().expect("a relative path"))?;
-            std::fs::write(&p, body)?;
-        }
-        for args in [
-            vec!["add", "-A"],
-            vec![
-                "-c",
-                "user.name=fleet",
-                "-c",
-                "user.email=fleet@localhost",
-                "commit",
-                "-q",
-                "--amend",
-                "--no-edit",
-            ],
-        ] {
-            let st = std::process::Command::new("git")
-                .arg("-C")
-                .arg(dest)
-                .args(&args)
-                .status()?;
-            anyhow::ensure!(st.success(), "git {args:?} failed");
-        }
+        fleet_tests::stack::amend_repo(dest, extra)?;
     }
     Ok(dest.display().to_string())
 }

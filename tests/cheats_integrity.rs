@@ -93,27 +93,7 @@ fn calc_repo(dir: &Path, name: &str, tests: Option<&str>) -> anyhow::Result<Stri
     std::fs::create_dir_all(&sub)?;
     let repo = make_calc_repo(&sub)?;
     if let Some(t) = tests {
-        std::fs::write(repo.join("tests/test_calc.py"), t)?;
-        for args in [
-            vec!["add", "-A"],
-            vec![
-                "-c",
-                "user.name=fleet",
-                "-c",
-                "user.email=fleet@localhost",
-                "commit",
-                "-q",
-                "--amend",
-                "--no-edit",
-            ],
-        ] {
-            let st = std::process::Command::new("git")
-                .arg("-C")
-                .arg(&repo)
-                .args(&args)
-                .status()?;
-            anyhow::ensure!(st.success(), "git {args:?} failed");
-        }
+        fleet_tests::stack::amend_repo(&repo, &[("tests/test_calc.py", t)])?;
     }
     Ok(repo.display().to_string())
 }

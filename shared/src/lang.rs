@@ -115,8 +115,11 @@ pub struct PythonGuard {
 }
 
 /// Modules Python code under test may import by default: the pure part of the standard
-/// library. Everything else (the runner, the process, files, the network, introspection) is
-/// refused unless a spec or work order allows it by name.
+/// library (numbers, text, data structures, dates, encodings). Nothing that reaches files,
+/// processes, the network, the interpreter (`sys`, `inspect`, `types`, `gc`, `importlib`), the
+/// test framework or the process's global output. A dotted module (`collections.abc`) is
+/// allowed only when listed itself. One list for the static policy (`worker::claims::policy`)
+/// and the runner guard; a spec or work order widens it by name.
 pub const PYTHON_ALLOWED_MODULES: &[&str] = &[
     "__future__",
     "abc",
@@ -127,22 +130,31 @@ pub const PYTHON_ALLOWED_MODULES: &[&str] = &[
     "calendar",
     "cmath",
     "collections",
+    "collections.abc",
+    "colorsys",
     "contextlib",
     "copy",
     "dataclasses",
     "datetime",
     "decimal",
+    "difflib",
     "enum",
     "fractions",
     "functools",
+    "graphlib",
+    "hashlib",
     "heapq",
+    "html",
+    "ipaddress",
     "itertools",
     "json",
+    "keyword",
     "math",
     "numbers",
     "operator",
     "random",
     "re",
+    "reprlib",
     "statistics",
     "string",
     "struct",
@@ -150,7 +162,7 @@ pub const PYTHON_ALLOWED_MODULES: &[&str] = &[
     "time",
     "typing",
     "unicodedata",
-    "zoneinfo",
+    "zlib",
 ];
 
 /// The guard's record, in the harness folder.

@@ -987,6 +987,37 @@ pub fn make_calc_repo(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(dest)
 }
 
+/// Writes `files` (relative path, contents) into the repository at `repo` and folds them into
+/// its last commit (`git commit --amend`), so the repository still has one commit.
+pub fn amend_repo(repo: &Path, files: &[(&str, &str)]) -> anyhow::Result<()> {
+    for (path, body) in files {
+        let p = repo.join(path);
+        std::fs::create_dir_all(p.parent().expect("a relative path"))?;
+        std::fs::write(&p, body)?;
+    }
+    for args in [
+        vec!["add", "-A"],
+        vec![
+            "-c",
+            "user.name=fleet",
+            "-c",
+            "user.email=fleet@localhost",
+            "commit",
+            "-q",
+            "--amend",
+            "--no-edit",
+        ],
+    ] {
+        let st = Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(&args)
+            .status()?;
+        anyhow::ensure!(st.success(), "git {args:?} failed");
+    }
+    Ok(())
+}
+
 pub fn example(path: &str) -> String {
     workspace_root()
         .join("examples")

@@ -1,55 +1,12 @@
 //! The Python policy's lists: what code under test may import, call and reach by default.
 //! Everything not listed here is refused; a spec or work order widens the lists by name.
 
-/// Modules code under test may import: the pure part of the standard library (numbers, text,
+/// Modules code under test may import (one list with the runner guard, kept in `shared::lang`): the pure part of the standard library (numbers, text,
 /// data structures, dates, encodings). Nothing that reaches files, processes, the network, the
 /// interpreter (`sys`, `inspect`, `types`, `gc`, `importlib`), the test framework or the
 /// process's global output (`warnings`, `logging`). A dotted module (`collections.abc`) is
 /// allowed only when listed itself.
-pub const ALLOWED_MODULES: &[&str] = &[
-    "__future__",
-    "abc",
-    "array",
-    "base64",
-    "binascii",
-    "bisect",
-    "calendar",
-    "cmath",
-    "collections",
-    "collections.abc",
-    "colorsys",
-    "contextlib",
-    "copy",
-    "dataclasses",
-    "datetime",
-    "decimal",
-    "difflib",
-    "enum",
-    "fractions",
-    "functools",
-    "graphlib",
-    "hashlib",
-    "heapq",
-    "html",
-    "ipaddress",
-    "itertools",
-    "json",
-    "keyword",
-    "math",
-    "numbers",
-    "operator",
-    "random",
-    "re",
-    "reprlib",
-    "statistics",
-    "string",
-    "struct",
-    "textwrap",
-    "time",
-    "typing",
-    "unicodedata",
-    "zlib",
-];
+pub use shared::lang::PYTHON_ALLOWED_MODULES as ALLOWED_MODULES;
 
 /// Names inside allowed modules that reach attributes by a computed name, evaluate strings, or
 /// change the process's global state.
