@@ -351,6 +351,9 @@ pub fn assemble(state: &RunState, exit: &NodeId, success: bool, at: DateTime<Utc
         // Tests the harness's reruns found flaky, in any test run of the run (the exit
         // `flaky_tests` when one decided nothing).
         "flaky_tests": flaky_tests(state),
+        // Lines of the impl that branch on the tests' or the spec's literals, from the last
+        // passing-run check (a signal for a person; the spec's checks decide).
+        "suspected_special_case": crate::special_case::last_reported(state.history.iter().map(|o| &o.output)),
         "attempts": state.visits.get(&NodeId::new("fix")).copied().unwrap_or(0),
         "visits": state.visits,
         "branches": branches,

@@ -13,6 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod declared;
+
 /// At most this many checks of each kind are planted.
 pub const MAX_CHECKS: usize = 50;
 /// Cases drawn per property.

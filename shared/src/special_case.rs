@@ -25,7 +25,7 @@ pub struct AddedLine {
 
 /// One suspected special case: the added line, the literal, and why the line is suspect
 /// (`comparison`, `branch`, `dict_key`, `return_after_branch`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SuspectedSpecialCase {
     pub path: String,
     pub line: usize,
@@ -289,6 +289,16 @@ fn classify(toks: &[Token], at: usize) -> Option<&'static str> {
             .iter()
             .any(|t| matches!(t, Token::Punct('{' | ',')));
     (before_colon && in_dict && first != "lambda").then_some("dict_key")
+}
+
+/// The signals the last output that reported them holds (`[]`: none), outputs oldest first:
+/// a run's outcomes, where a later check (after a fix) replaces an earlier one.
+pub fn last_reported<'a>(outputs: impl DoubleEndedIterator<Item = &'a Value>) -> Value {
+    outputs
+        .rev()
+        .find_map(|o| o.get("suspected_special_case").filter(|v| v.is_array()))
+        .cloned()
+        .unwrap_or_else(|| Value::Array(Vec::new()))
 }
 
 /// Added lines that compare against, branch on, key a dict by or return (right after such a

@@ -134,6 +134,30 @@ struct SkeletonParams {
     language: String,
     #[serde(default)]
     impl_path: String,
+    /// The design step's executable examples and properties: each must parse.
+    #[serde(default)]
+    declared_checks: Option<shared::speccheck::declared::Declared>,
+}
+
+/// What is wrong with the declared checks (empty: nothing); they must be readable and parse.
+fn declared_problems(declared: Option<&shared::speccheck::declared::Declared>) -> Vec<String> {
+    let Some(d) = declared else {
+        return Vec::new();
+    };
+    match d.checks() {
+        Err(e) => vec![e],
+        Ok(c) => c
+            .each()
+            .filter(|(_, c)| !crate::verify::plant::parses(&c.check))
+            .map(|(kind, c)| {
+                let kind = match kind {
+                    shared::speccheck::CheckKind::Example => "example",
+                    shared::speccheck::CheckKind::Property => "property",
+                };
+                format!("the {kind} check `{}` does not parse as Python", c.name)
+            })
+            .collect(),
+    }
 }
 
 fn no_build() -> String {
@@ -402,18 +426,22 @@ pub async fn check_skeleton(
             }
         })
         .await;
-    let ok = build_ok && not_stubs.is_empty();
+    let bad_checks = declared_problems(p.declared_checks.as_ref());
+    let ok = build_ok && not_stubs.is_empty() && bad_checks.is_empty();
     let output = json!({
         "build_ok": build_ok,
         "build": r,
         "not_stubs": not_stubs,
         "stubs_ok": not_stubs.is_empty(),
+        "bad_checks": bad_checks,
     });
     let error = (!ok).then(|| {
-        if build_ok {
+        if !build_ok {
+            format!("the build failed: {}", excerpt(&r))
+        } else if !not_stubs.is_empty() {
             format!("functions are not stubs: {}", not_stubs.join(", "))
         } else {
-            format!("the build failed: {}", excerpt(&r))
+            format!("the declared checks cannot run: {}", bad_checks.join("; "))
         }
     });
     Ok(StepOutcome {

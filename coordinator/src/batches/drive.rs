@@ -383,6 +383,7 @@ fn infra_outcome(error: String) -> ItemOutcome {
         cost_usd: 0.0,
         tokens: 0,
         flaky_tests: Vec::new(),
+        suspected_special_case: Vec::new(),
         steps: 0,
         cache_hits: 0,
     }

@@ -160,6 +160,7 @@ mod tests {
                 cost_usd: *cost,
                 tokens: 0,
                 flaky_tests: Vec::new(),
+                suspected_special_case: Vec::new(),
                 steps: 0,
                 cache_hits: 0,
             };

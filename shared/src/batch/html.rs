@@ -42,7 +42,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 table.sortable th{cursor:pointer;user-select:none}
 table.sortable th[aria-sort=ascending]::after{content:" \25B2"}
 table.sortable th[aria-sort=descending]::after{content:" \25BC"}
-.st-passed{color:#137333}.st-failed{color:#b3261e}.st-errored{color:#a15c00}.st-flaky{color:#8e24aa}
+.st-passed{color:#137333}.st-failed{color:#b3261e}.st-errored{color:#a15c00}.st-flaky{color:#8e24aa}.st-held{color:#8e24aa}
 .st-queued,.st-running,.st-cancelled{color:#5f6368}
 dl.summary{display:grid;grid-template-columns:max-content auto;gap:2px 16px;margin:0 0 8px}
 dt{color:#5f6368}dd{margin:0}
@@ -201,7 +201,8 @@ fn head(out: &mut String, r: &Value) {
 /// The pass rate in words: passed / judged, its interval, and what is left out.
 fn pass_rate(r: &Value) -> String {
     let p = &r["pass_rate"];
-    let left_out = "flaky, errored, cancelled and unfinished items are no verdict and are left out";
+    let left_out =
+        "flaky, held, errored, cancelled and unfinished items are no verdict and are left out";
     if p["rate"].is_null() {
         return format!("pass rate: none yet (0 judged); {left_out}");
     }
@@ -270,6 +271,7 @@ fn summary(out: &mut String, r: &Value) {
         "passed",
         "failed",
         "flaky",
+        "held",
         "errored",
         "cancelled",
     ] {

@@ -5,6 +5,7 @@ use super::flaky::{flaky_error, flaky_of, FLAKY_VERDICT};
 use super::state::MAX_ERROR_CHARS;
 use crate::engine::{RunState, RunStatus};
 use crate::messages::JobStatus;
+use crate::special_case::SuspectedSpecialCase;
 use crate::text::head;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,6 +21,23 @@ pub const INFRA_REASONS: &[&str] = &[
     crate::engine::stall::STALLED_REASON,
 ];
 
+/// The verdict of an item whose run passed with suspected special cases: held for a person.
+pub const HELD_VERDICT: &str = "HELD";
+
+/// Why an item is held: its signals, `path:line` and the literal, a few of them.
+pub fn held_reason(signals: &[SuspectedSpecialCase]) -> String {
+    let shown: Vec<String> = signals
+        .iter()
+        .take(5)
+        .map(|s| format!("{}:{} {} on {}", s.path, s.line, s.why, s.literal))
+        .collect();
+    format!(
+        "held for review: the run passed, but {} line(s) of the code under test special-case the tests' or the examples' literals ({})",
+        signals.len(),
+        shown.join("; ")
+    )
+}
+
 /// What an ended run means for its item (see [`outcome_of`]).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ItemOutcome {
@@ -32,6 +50,10 @@ pub struct ItemOutcome {
     pub tokens: u64,
     /// The tests the run's test runs found flaky (whatever its verdict).
     pub flaky_tests: Vec<String>,
+    /// The special-casing signals the run's last check reported (`shared::special_case`): a
+    /// passing run with any is held for a person ([`HELD_VERDICT`]).
+    #[serde(default)]
+    pub suspected_special_case: Vec<SuspectedSpecialCase>,
     /// Jobs the run's workers answered, and how many of them reused a kept result (the step
     /// cache) instead of running.
     pub steps: u32,
@@ -125,6 +147,10 @@ pub fn outcome_of(run: &RunState) -> ItemOutcome {
         cost_usd,
         tokens,
         flaky_tests: flaky,
+        suspected_special_case: serde_json::from_value(crate::special_case::last_reported(
+            run.history.iter().map(|o| &o.output),
+        ))
+        .unwrap_or_default(),
         steps,
         cache_hits,
     }

@@ -74,6 +74,7 @@ mod tests {
             cost_usd,
             tokens: 100,
             flaky_tests: Vec::new(),
+            suspected_special_case: Vec::new(),
             steps: 0,
             cache_hits: 0,
         }

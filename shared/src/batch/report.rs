@@ -131,7 +131,7 @@ fn trials_json(state: &BatchState) -> Value {
 }
 
 /// The batch as JSON: id, graph, labels, counts, the pass rate (passed / (passed + failed);
-/// flaky, errored, cancelled and unfinished items left out: no verdict) with its 95% Wilson
+/// flaky, held, errored, cancelled and unfinished items left out: no verdict) with its 95% Wilson
 /// interval, `flaky` (items settled flaky, and the flaky tests they list), total cost and
 /// tokens, wall time, every item (a flaky one with its `flaky_tests`); with more than one trial,
 /// `trials`: pass@1, pass@k and pass^k per item and their means over items.
@@ -162,6 +162,10 @@ pub fn json_report(state: &BatchState) -> Value {
             "judged": judged,
             "rate": rate,
             "ci95": interval.map(|(low, high)| json!({"low": low, "high": high})),
+        },
+        "held": {
+            "items": counts.held,
+            "why": "passed with suspected special cases (lines branching on the tests' literals): held for a person, not counted as passes",
         },
         "flaky": {
             "items": counts.flaky,
@@ -221,7 +225,7 @@ fn case_name(state: &BatchState, item: &BatchItem) -> String {
 /// when cancelled, queued or running. Every attribute and text is escaped ([`xml_escape`]).
 pub fn junit_xml(state: &BatchState) -> String {
     let c = state.counts();
-    let skipped = c.cancelled + c.queued + c.running + c.flaky;
+    let skipped = c.cancelled + c.queued + c.running + c.flaky + c.held;
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         out,
@@ -269,6 +273,15 @@ pub fn junit_xml(state: &BatchState) -> String {
                         item.flaky_tests.len()
                     )),
                     xml_escape(&item.flaky_tests.join("\n")),
+                );
+                continue;
+            }
+            ItemState::Held => {
+                let _ = writeln!(
+                    out,
+                    ">\n    <skipped type=\"held\" message=\"{}\">{}</skipped>\n  </testcase>",
+                    xml_escape("HELD: passed with suspected special cases, for a person to review"),
+                    xml_escape(item.error.as_deref().unwrap_or_default()),
                 );
                 continue;
             }

@@ -12,9 +12,11 @@
 use super::dataset::DatasetItem;
 use super::flaky::FLAKY_VERDICT;
 use super::outcome::ItemOutcome;
+use super::outcome::{held_reason, HELD_VERDICT};
 use crate::engine::RunStatus;
 use crate::hashing::{canonical_hash, sha256_hex};
 use crate::ids::{BatchId, RunId};
+use crate::special_case::SuspectedSpecialCase;
 use crate::text::head;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -131,6 +133,9 @@ pub enum ItemState {
     Cancelled,
     /// The run's verdict would have depended on flaky tests: no verdict.
     Flaky,
+    /// The run passed, but the harness suspects special-casing (lines of the code under test
+    /// that branch on the tests' or the examples' literals): held for a person, not a pass.
+    Held,
 }
 
 impl ItemState {
@@ -164,6 +169,9 @@ pub struct BatchItem {
     /// The flaky tests its settling run's test runs found (a `Flaky` item's decide it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flaky_tests: Vec<String>,
+    /// The special-casing signals of its settling run (a `Held` item's decide it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspected_special_case: Vec<SuspectedSpecialCase>,
     /// Jobs its runs' workers answered over every attempt, and how many of them reused a kept
     /// result (the step cache).
     #[serde(default)]
@@ -195,12 +203,14 @@ pub struct BatchCounts {
     pub cancelled: usize,
     #[serde(default)]
     pub flaky: usize,
+    #[serde(default)]
+    pub held: usize,
 }
 
 impl BatchCounts {
-    /// Items settled: passed, failed, flaky, errored or cancelled.
+    /// Items settled: passed, failed, flaky, held, errored or cancelled.
     pub fn done(&self) -> usize {
-        self.passed + self.failed + self.flaky + self.errored + self.cancelled
+        self.passed + self.failed + self.flaky + self.held + self.errored + self.cancelled
     }
 
     fn of_mut(&mut self, state: ItemState) -> &mut usize {
@@ -212,6 +222,7 @@ impl BatchCounts {
             ItemState::Errored => &mut self.errored,
             ItemState::Cancelled => &mut self.cancelled,
             ItemState::Flaky => &mut self.flaky,
+            ItemState::Held => &mut self.held,
         }
     }
 }
@@ -357,11 +368,21 @@ impl BatchHeader {
                     "FAIL".into()
                 }
             });
-            let state = match verdict.as_str() {
+            let mut state = match verdict.as_str() {
                 "PASS" => ItemState::Passed,
                 FLAKY_VERDICT => ItemState::Flaky,
                 _ => ItemState::Failed,
             };
+            let mut verdict = verdict;
+            if state == ItemState::Passed && !outcome.suspected_special_case.is_empty() {
+                state = ItemState::Held;
+                verdict = HELD_VERDICT.into();
+                item.error = Some(head(
+                    &held_reason(&outcome.suspected_special_case),
+                    MAX_ERROR_CHARS,
+                ));
+            }
+            item.suspected_special_case = outcome.suspected_special_case.clone();
             item.verdict = Some(verdict);
             state
         };
@@ -571,6 +592,7 @@ pub(crate) fn queued(item_id: &str, trial: u32) -> BatchItem {
         error: None,
         infra_errors: Vec::new(),
         flaky_tests: Vec::new(),
+        suspected_special_case: Vec::new(),
         steps: 0,
         cache_hits: 0,
         cost_usd: 0.0,

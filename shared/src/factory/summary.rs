@@ -40,6 +40,10 @@ pub struct RunSummary {
     pub attempts: Vec<AttemptRecord>,
     pub verdict: String,
     pub ended_stage: String,
+    /// Lines of the patch that branch on the tests' or the examples' literals (the last
+    /// attempt's): a signal for a person, which a batch holds (`HELD`) rather than count a pass.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspected_special_case: Vec<crate::special_case::SuspectedSpecialCase>,
     pub started_utc: DateTime<Utc>,
     pub ended_utc: DateTime<Utc>,
 }
@@ -147,6 +151,10 @@ pub fn summarize(
         attempts,
         verdict: if success { "PASS" } else { "FAIL" }.to_string(),
         ended_stage,
+        suspected_special_case: serde_json::from_value(crate::special_case::last_reported(
+            state.history.iter().map(|o| &o.output),
+        ))
+        .unwrap_or_default(),
         started_utc: state.created_at,
         ended_utc: at,
     };

@@ -138,10 +138,7 @@ pub async fn prepare(
     params: &TestRunParams,
     guard: PythonGuard,
 ) -> Result<Guarded, String> {
-    let checks = params
-        .spec_checks
-        .clone()
-        .filter(|c| !c.is_empty() && params.expect == super::Expect::Pass);
+    let checks = params.all_checks()?;
     if let Some(c) = &checks {
         c.validate()?;
         if let Some((_, bad)) = c.each().find(|(_, c)| !plant::parses(&c.check)) {

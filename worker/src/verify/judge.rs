@@ -222,6 +222,12 @@ pub async fn run_tests(
     output["spec_checks"] = json!(obs.spec);
     output["runner_differs"] = json!(super::guarded::differing(&obs.spec));
     output["spec_failures"] = json!(super::guarded::failing(&obs.spec));
+    if p.expect == Expect::Pass && !p.code_under_test.is_empty() {
+        let (root, params) = (place.wt.dir.clone(), p.clone());
+        let found =
+            crate::safe_fs::blocking(move || super::signals::special_cases(&root, &params)).await;
+        output["suspected_special_case"] = json!(found);
+    }
     let (tampered, spec) = (obs.tampered.clone(), obs.spec.clone());
     let first = Verdict { obs, ok, error };
     let (mut ok, mut error) = match rerun::settle(&p, place, seed, art, first, &mut output).await? {

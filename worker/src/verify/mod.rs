@@ -21,6 +21,7 @@ mod judge;
 mod observe;
 pub mod plant;
 mod rerun;
+pub mod signals;
 #[cfg(test)]
 mod tests;
 
@@ -84,6 +85,10 @@ pub struct TestRunParams {
     /// more outside the runner (`verify::guarded`).
     #[serde(default)]
     pub spec_checks: Option<shared::speccheck::SpecChecks>,
+    /// Checks a design step declared (the hybrid types step's examples and properties), run
+    /// as the spec's own beside `spec_checks`.
+    #[serde(default)]
+    pub declared_checks: Option<shared::speccheck::declared::Declared>,
     /// Modules code under test may import beyond the language's defaults (Python).
     #[serde(default)]
     pub allow: Vec<String>,
@@ -95,6 +100,25 @@ pub struct TestRunParams {
     /// whose implementation a guarded run validated, keep the guard's start and end only.
     #[serde(default = "yes")]
     pub twins: bool,
+}
+
+impl TestRunParams {
+    /// Every spec check of the run: the spec's and the design step's, for a run that must pass.
+    pub fn all_checks(&self) -> Result<Option<shared::speccheck::SpecChecks>, String> {
+        if self.expect != Expect::Pass {
+            return Ok(None);
+        }
+        let declared = match &self.declared_checks {
+            Some(d) => d.checks()?,
+            None => Default::default(),
+        };
+        let all = self
+            .spec_checks
+            .clone()
+            .unwrap_or_default()
+            .merged(declared);
+        Ok((!all.is_empty()).then_some(all))
+    }
 }
 
 fn yes() -> bool {

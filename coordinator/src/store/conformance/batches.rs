@@ -121,6 +121,7 @@ pub async fn large_batches_keep_their_items_in_order(s: &dyn RunStore, _: &Profi
             cost_usd: 0.25,
             tokens: 10,
             flaky_tests: Vec::new(),
+            suspected_special_case: Vec::new(),
             steps: 1,
             cache_hits: 0,
         };

@@ -81,7 +81,7 @@ fn the_page_shows_the_json_reports_figures() {
     }
     let p = &r["pass_rate"];
     let rate = format!(
-        "pass rate {} ({} / {} judged), 95% Wilson interval {} to {}; flaky, errored, \
+        "pass rate {} ({} / {} judged), 95% Wilson interval {} to {}; flaky, held, errored, \
          cancelled and unfinished items are no verdict and are left out",
         pct(&p["rate"]),
         p["passed"],

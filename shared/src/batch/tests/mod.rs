@@ -62,6 +62,7 @@ fn outcome(status: crate::engine::RunStatus, verdict: Option<&str>) -> ItemOutco
         cost_usd: 0.5,
         tokens: 100,
         flaky_tests: Vec::new(),
+        suspected_special_case: Vec::new(),
         steps: 0,
         cache_hits: 0,
     }

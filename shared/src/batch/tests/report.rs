@@ -58,7 +58,7 @@ fn the_json_report_counts_rates_costs_and_lists_every_item() {
     assert_eq!(
         r["counts"],
         json!({"total": 6, "queued": 2, "running": 0, "passed": 1, "failed": 2,
-               "errored": 1, "cancelled": 0, "flaky": 0})
+               "errored": 1, "cancelled": 0, "flaky": 0, "held": 0})
     );
     // Errored items are no verdict: 1 of 3 judged.
     assert_eq!(r["pass_rate"]["judged"], 3);

@@ -442,3 +442,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_pass_with_suspected_special_cases_is_held_not_counted_as_a_pass() {
+    let mut b = batch(&["a", "b"], spec(1, 2));
+    for i in 0..2 {
+        b.started(i, b.run_id_for(i), t(1));
+    }
+    let signal = crate::special_case::SuspectedSpecialCase {
+        path: "calc.py".into(),
+        line: 3,
+        literal: "13".into(),
+        why: "comparison".into(),
+    };
+    let suspect = ItemOutcome {
+        suspected_special_case: vec![signal.clone()],
+        ..outcome(RunStatus::Succeeded, Some("PASS"))
+    };
+    // A failed run with the same signal is a plain failure: nothing to hold.
+    let failed = ItemOutcome {
+        suspected_special_case: vec![signal],
+        ..outcome(RunStatus::Failed, Some("FAIL"))
+    };
+    assert!(changes(&mut b, |b| b.finished(0, &suspect, t(2))));
+    assert!(changes(&mut b, |b| b.finished(1, &failed, t(3))));
+    assert_eq!(b.items[0].state, ItemState::Held);
+    assert_eq!(b.items[0].verdict.as_deref(), Some("HELD"));
+    let why = b.items[0].error.clone().unwrap_or_default();
+    assert!(why.contains("calc.py:3 comparison on 13"), "{why}");
+    assert_eq!(b.items[1].state, ItemState::Failed);
+    let c = b.counts();
+    assert_eq!((c.passed, c.held, c.failed), (0, 1, 1));
+    assert!(b.is_finished());
+}
