@@ -658,22 +658,29 @@ async fn cheat_3_the_fix_agent_editing_the_frozen_tests_is_a_scope_violation() -
 // ---------------------------------------------------------------------------------------------
 // 4. Weak tests blessed by a lying adversary
 
-/// The tests call every function (so they fail on the stubs) and assert nothing; the impl is
-/// wrong; the LLM mutation adversary claims 20 mutants tried and none surviving. The harness's
-/// executed mutants survive (the removed empty-stack guards are critical), the LLM's counts
-/// decide nothing, and the run does not succeed.
+/// The tests call every function (so they fail on the stubs) and assert nothing; the LLM
+/// mutation adversary claims 20 mutants tried and none surviving. Over a wrong impl, the types
+/// step's own examples and properties (run by the harness) fail while the tests pass:
+/// `TestsMissSpec`. Over a right impl, the harness's executed mutants survive (the removed
+/// empty-stack guards are critical), the LLM's counts decide nothing, and the run does not
+/// succeed either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cheat_4_weak_tests_blessed_by_a_lying_mutation_adversary_do_not_pass() -> anyhow::Result<()>
 {
     let stack = Stack::start("chweak", 2, &[]).await?;
-    let mut script = script_with_impl(&wrong_impl());
-    script["tests"][0]["files"]["tests/test_stack.py"] = json!(WEAK_TESTS);
-    script["mutation"][0]["output"] = json!({
-        "mutants_tried": 20,
-        "survivors": [],
-        "analysis": "all 20 mutants of push, pop, peek, size and is_empty were killed"
-    });
-    let (run, status, r) = run_cheat(&stack, "weak-tests", &script, &[]).await?;
+    let weak = |stack_py: &str| {
+        let mut script = script_with_impl(stack_py);
+        script["tests"][0]["files"]["tests/test_stack.py"] = json!(WEAK_TESTS);
+        script["mutation"][0]["output"] = json!({
+            "mutants_tried": 20,
+            "survivors": [],
+            "analysis": "all 20 mutants of push, pop, peek, size and is_empty were killed"
+        });
+        script
+    };
+    let (_, status, r) = run_cheat(&stack, "weak-tests-wrong", &weak(&wrong_impl()), &[]).await?;
+    assert_exit(&status, &r, "TestsMissSpec");
+    let (run, status, r) = run_cheat(&stack, "weak-tests", &weak(&correct_impl()), &[]).await?;
     assert_exit(&status, &r, "CriticalMutantSurvived");
     let m = &r["mutation_adversary"];
     assert_eq!(m["executed"], true, "{m}");
@@ -688,7 +695,7 @@ async fn cheat_4_weak_tests_blessed_by_a_lying_mutation_adversary_do_not_pass() 
             .any(|s| s["function"] == "pop"),
         "{m}"
     );
-    // The weak tests did pass the wrong impl: only executed mutants stood between it and success.
+    // The weak tests did pass: only executed mutants stood between them and success.
     let validate = test_report(&stack, &run, "validate", 1).await?;
     assert_eq!(validate["passed"], true, "{validate}");
     let checks = r["verification"].as_array().unwrap();

@@ -211,7 +211,13 @@ impl GuardRecord {
             match (kind, n == Some(nonce)) {
                 (Some("start"), true) if rest.is_none() => r.started = true,
                 (Some("end"), true) if rest.is_none() && r.started => r.ended = true,
-                (Some("tamper"), true) => r.tampered.push(rest.unwrap_or_default().to_string()),
+                (Some("tamper"), true) => {
+                    let seen = rest.unwrap_or_default().to_string();
+                    // The same refusal, once (a check's setup runs per check).
+                    if !r.tampered.contains(&seen) {
+                        r.tampered.push(seen);
+                    }
+                }
                 _ => r.tampered.push(format!(
                     "a line the guard did not write: {}",
                     crate::text::head(line, 200)

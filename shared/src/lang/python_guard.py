@@ -63,8 +63,16 @@ def _install(conf):
             return False
         return not any(filename.startswith(t) for t in _tests)
 
-    def allowed_import(name, _allowed=allowed):
+    # `*` (the policy on code under test turned off by the spec) allows every import but the
+    # runner's own modules, as the static policy then does; the runner's state is still
+    # compared and its modules never imported by code under test.
+    anything = "*" in allowed
+    runner = ("_pytest", "pytest", "pluggy", "py", "_py", "fleet_")
+
+    def allowed_import(name, _allowed=allowed, _anything=anything, _runner=runner):
         top = name.split(".")[0]
+        if _anything:
+            return not (top in _runner or top.startswith("fleet_"))
         return name in _allowed or top in _allowed
 
     local = _threading.local()
