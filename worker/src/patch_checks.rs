@@ -31,6 +31,18 @@ pub struct PatchCheckParams {
     /// The work order's examples, any JSON (their numbers and strings are literals).
     #[serde(default)]
     pub examples: Value,
+    /// A SWE-bench item's named tests: the lines its `test_patch` adds are tests too.
+    #[serde(default)]
+    pub tests: Value,
+}
+
+/// The literals of the lines a SWE-bench item's test patch adds (`tests.test_patch`).
+fn test_patch_literals(tests: &Value) -> BTreeSet<String> {
+    let patch = tests["test_patch"].as_str().unwrap_or_default();
+    special_case::added_lines(patch)
+        .iter()
+        .flat_map(|l| special_case::literals(&l.text))
+        .collect()
 }
 
 /// A refusal in a file the patch touches.
@@ -95,6 +107,7 @@ fn test_literals(root: &Path, p: &PatchCheckParams) -> BTreeSet<String> {
     let commands = p.acceptance_commands.clone().unwrap_or_default();
     let targets = special_case::test_targets(&commands);
     let mut known = special_case::literals_of_json(&p.examples);
+    known.extend(test_patch_literals(&p.tests));
     for code in &targets.inline {
         known.extend(special_case::literals(code));
     }
@@ -257,5 +270,17 @@ mod tests {
             .collect();
         assert_eq!(lines, vec![(8, "3"), (8, "4"), (9, "12")]);
         assert!(describe(&checked.refusals).contains("calc.py:10: name_not_allowed"));
+    }
+
+    #[test]
+    fn a_swe_test_patchs_added_lines_give_literals_and_its_context_does_not() {
+        let tests = json!({"test_patch": "--- a/t/test_x.py\n+++ b/t/test_x.py\n@@ -1,2 +1,3 @@\n assert f(17) == 99\n+assert f(41) == 'forty-one'\n x = 1\n"});
+        let known = test_patch_literals(&tests);
+        assert!(
+            known.contains("41") && known.iter().any(|k| k.contains("forty-one")),
+            "{known:?}"
+        );
+        assert!(!known.contains("17"), "{known:?}");
+        assert!(test_patch_literals(&Value::Null).is_empty());
     }
 }
