@@ -246,6 +246,25 @@ mod tests {
         "get", "put", "post", "delete", "options", "head", "patch", "trace",
     ];
 
+    /// Client generators refuse a document whose operation ids repeat (OpenAPI 3.1: "the id
+    /// MUST be unique among all operations described in the API").
+    #[test]
+    fn every_operation_id_is_unique() {
+        let doc = json();
+        let mut seen = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for m in METHODS {
+                if let Some(id) = item[m]["operationId"].as_str() {
+                    assert!(
+                        seen.insert(id.to_string()),
+                        "{m} {path}: `{id}` is used twice"
+                    );
+                }
+            }
+        }
+        assert!(seen.len() > 40, "{seen:?}");
+    }
+
     #[test]
     fn every_route_but_the_public_ones_asks_for_a_token() {
         let doc = json();

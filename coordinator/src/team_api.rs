@@ -185,7 +185,7 @@ pub(crate) async fn webhook_secret(
 }
 
 /// The team's budget notices, newest first (at most 500 are kept).
-#[utoipa::path(get, path = "/v1/team/events", params(TeamQuery),
+#[utoipa::path(get, path = "/v1/team/events", operation_id = "team_events", params(TeamQuery),
     responses((status = 200, body = Vec<QuotaNotice>)))]
 pub(crate) async fn events(
     State(c): State<Arc<Coordinator>>,
@@ -197,7 +197,7 @@ pub(crate) async fn events(
 }
 
 /// The delivery log of the team's webhook, newest first: every attempt of every notice.
-#[utoipa::path(get, path = "/v1/team/deliveries", params(TeamQuery),
+#[utoipa::path(get, path = "/v1/team/deliveries", operation_id = "team_deliveries", params(TeamQuery),
     responses((status = 200, body = Vec<Object>)))]
 pub(crate) async fn deliveries(
     State(c): State<Arc<Coordinator>>,

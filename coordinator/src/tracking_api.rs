@@ -58,7 +58,7 @@ pub(crate) struct EventFilter {
 
 /// The run's events, oldest first, one JSON object per line.
 #[utoipa::path(
-    get, path = "/v1/runs/{id}/events",
+    get, path = "/v1/runs/{id}/events", operation_id = "run_events",
     params(RunPath, EventFilter),
     responses((status = 200, description = "JSON lines: timestamp, session_id, agent_type, event_type, data", content_type = "application/x-ndjson"), NoSuchRun)
 )]
@@ -129,7 +129,7 @@ pub(crate) async fn run_dashboard(
 
 /// Every notice delivery of the run and its attempts.
 #[utoipa::path(
-    get, path = "/v1/runs/{id}/webhooks",
+    get, path = "/v1/runs/{id}/webhooks", operation_id = "run_webhook_deliveries",
     params(RunPath),
     responses((status = 200, description = "the delivery logs, oldest key first"), NoSuchRun)
 )]
