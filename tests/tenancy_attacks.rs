@@ -11,5 +11,7 @@ mod gateway;
 mod open_api;
 #[path = "tenancy/repos.rs"]
 mod repos;
+#[path = "tenancy/run_ids.rs"]
+mod run_ids;
 #[path = "tenancy/webhooks.rs"]
 mod webhooks;

@@ -163,6 +163,17 @@ pub async fn submit_as(
             ))
             .into());
         }
+        let marked = req
+            .team
+            .as_deref()
+            .is_none_or(|t| id.ends_with(&shared::auth::team_mark(t)));
+        if !marked && id.len() > shared::auth::TEAM_CHOSEN_RUN_ID_MAX {
+            return Err(SubmitError::Input(format!(
+                "run id `{id}`: a team's run id is at most {} characters (its team's mark is added)",
+                shared::auth::TEAM_CHOSEN_RUN_ID_MAX
+            ))
+            .into());
+        }
     }
     if let Some(schema_path) = &bundle.graph.input_schema {
         let schema: Value = serde_json::from_str(bundle.file(schema_path).unwrap_or("{}"))
@@ -197,15 +208,18 @@ pub async fn submit_as(
         run_id: derived,
         submission_hash,
     } = prepared;
+    let team = req.team.clone();
+    // Chosen or derived, a team's run id carries its team's mark: no team takes or probes
+    // another's ids.
     if let Some(id) = &requested {
         if meta.get("run_id").is_some() {
-            meta["run_id"] = json!(id);
+            meta["run_id"] = json!(shared::auth::team_run_id(id, team.as_deref()));
         }
     }
-    let team = req.team.clone();
-    let run_id = RunId::new(
-        requested.unwrap_or_else(|| shared::auth::team_run_id(&derived, team.as_deref())),
-    );
+    let run_id = RunId::new(shared::auth::team_run_id(
+        requested.as_deref().unwrap_or(&derived),
+        team.as_deref(),
+    ));
     // An existing run (also one restored from object storage) is returned, not restarted, and
     // only when it is this submission's.
     match coord.load_existing(&run_id).await {
