@@ -5,6 +5,8 @@
 //! (`tenancy/open_api.rs`). Each test plays the attacker and checks the attack is refused with
 //! a clear error and nothing of another team's is read, spent or stalled.
 
+#[path = "tenancy/ceilings.rs"]
+mod ceilings;
 #[path = "tenancy/gateway.rs"]
 mod gateway;
 #[path = "tenancy/open_api.rs"]

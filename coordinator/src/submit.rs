@@ -152,6 +152,9 @@ pub async fn submit_as(
     if let Some(why) = crate::agent_checks::unpriced(&req.agent, &coord.prices) {
         return Err(SubmitError::Input(why).into());
     }
+    if let Some(team) = &req.team {
+        crate::team_api::check_model(coord, team, &req.agent).await?;
+    }
     let refused = crate::agent_checks::provider_refusals(&req.agent, &bundle);
     if !refused.is_empty() {
         return Err(SubmitError::Graph(refused).into());

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod batch;
 pub mod browser;
 pub mod builtins;
+pub mod ceilings;
 pub mod engine;
 pub mod expr;
 pub mod factory;

@@ -79,6 +79,9 @@ pub struct TeamLimits {
     /// LLM calls per window, per provider (`anthropic`, `openai`), over the team's agents.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub llm_rate: BTreeMap<String, Rate>,
+    /// The models the team's runs may call (none: any model with a price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
 }
 
 impl TeamLimits {
@@ -115,6 +118,11 @@ impl TeamLimits {
             }
             rate.check()
                 .map_err(|e| format!("llm_rate.{provider}: {e}"))?;
+        }
+        if let Some(models) = &self.models {
+            if models.len() > 1000 || models.iter().any(|m| m.is_empty() || m.len() > 200) {
+                return Err("models: at most 1000 names of 1 to 200 characters".into());
+            }
         }
         Ok(())
     }
