@@ -55,6 +55,16 @@ impl Access {
     }
 }
 
+/// Who made a decision (an approval, a quarantine's), as recorded: the token's id first,
+/// whatever the request says after it; through the open API, what the request says.
+pub fn decided_by(p: &Principal, said: &str) -> String {
+    match (&p.token_id, said.is_empty()) {
+        (None, _) => said.to_string(),
+        (Some(id), true) => format!("token {id}"),
+        (Some(id), false) => format!("token {id}: {said}"),
+    }
+}
+
 /// A token as stored: never the token itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -233,5 +243,17 @@ mod tests {
         )));
         assert!(check_team("Team A").is_err());
         assert!(check_team("ml-evals").is_ok());
+    }
+
+    #[test]
+    fn a_decision_is_the_tokens_whatever_the_request_says() {
+        let p = Principal {
+            team: Some("a".into()),
+            role: Role::Member,
+            token_id: Some("t1".into()),
+        };
+        assert_eq!(decided_by(&p, "lead"), "token t1: lead");
+        assert_eq!(decided_by(&p, ""), "token t1");
+        assert_eq!(decided_by(&Principal::open(), "ana"), "ana");
     }
 }

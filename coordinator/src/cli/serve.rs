@@ -189,6 +189,14 @@ async fn connect_ledger(
 }
 
 pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
+    // A fleet worker runs every team's jobs: never as host processes beside its own keys.
+    if !matches!(a.worker.sandbox, SandboxChoice::Docker) {
+        anyhow::bail!(
+            "a fleet worker runs jobs in Docker only: `--sandbox local-process` runs them as \
+             host processes, without isolation from the worker and other teams' jobs, and is \
+             for `fleet run` on your own machine"
+        );
+    }
     let wait = startup_wait()?;
     let mut config = a.worker.config()?;
     let ledger = connect_ledger(&a.redis, &a.backends.namespace, wait).await?;
