@@ -17,5 +17,7 @@ mod open_api;
 mod repos;
 #[path = "tenancy/run_ids.rs"]
 mod run_ids;
+#[path = "tenancy/uploads.rs"]
+mod uploads;
 #[path = "tenancy/webhooks.rs"]
 mod webhooks;
