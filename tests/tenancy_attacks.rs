@@ -9,6 +9,8 @@
 mod ceilings;
 #[path = "tenancy/gateway.rs"]
 mod gateway;
+#[path = "tenancy/images.rs"]
+mod images;
 #[path = "tenancy/low.rs"]
 mod low;
 #[path = "tenancy/open_api.rs"]

@@ -17,6 +17,7 @@ pub mod hashing;
 pub mod http;
 pub mod hybrid;
 pub mod ids;
+pub mod images;
 pub mod lang;
 pub mod limits;
 pub mod mechanical;
