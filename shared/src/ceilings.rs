@@ -78,6 +78,8 @@ pub fn capped(set: &TeamLimits, ceiling: &TeamLimits) -> TeamLimits {
         daily_tokens: lower(set.daily_tokens, ceiling.daily_tokens),
         run_usd: lower(set.run_usd, ceiling.run_usd),
         run_tokens: lower(set.run_tokens, ceiling.run_tokens),
+        schedules: lower(set.schedules, ceiling.schedules),
+        batch_weight: lower(set.batch_weight, ceiling.batch_weight),
         llm_rate,
         models,
     }
@@ -103,6 +105,16 @@ pub fn above(set: &TeamLimits, ceiling: &TeamLimits) -> Vec<String> {
         "concurrent_jobs",
         f(set.concurrent_jobs.map(u64::from)),
         f(ceiling.concurrent_jobs.map(u64::from)),
+    );
+    over(
+        "schedules",
+        f(set.schedules.map(u64::from)),
+        f(ceiling.schedules.map(u64::from)),
+    );
+    over(
+        "batch_weight",
+        f(set.batch_weight.map(u64::from)),
+        f(ceiling.batch_weight.map(u64::from)),
     );
     over("daily_usd", set.daily_usd, ceiling.daily_usd);
     over("daily_tokens", f(set.daily_tokens), f(ceiling.daily_tokens));

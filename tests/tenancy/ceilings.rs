@@ -11,7 +11,8 @@ const GRAPH: &str = "name: ceil\nstart: work\nnodes:\n  work:\n    kind: command
     commands: [\"true\"]\n    image: fleet-agent-py:1\n    worktree: {from: base, mode: ro}\n    \
     routes: [{to: done}]\n  done: {kind: exit, status: work.ok}\n";
 
-const CEILINGS: &str = r#"{"*": {"concurrent_runs": 2, "daily_usd": 5, "models": ["gpt-4o-mini"]},
+const CEILINGS: &str = r#"{"*": {"concurrent_runs": 2, "daily_usd": 5, "models": ["gpt-4o-mini"],
+    "schedules": 1, "batch_weight": 2},
     "team-big": {"concurrent_runs": 3, "daily_usd": 50}}"#;
 
 async fn call(
@@ -91,6 +92,7 @@ async fn a_team_admin_cannot_raise_the_operators_ceilings() -> anyhow::Result<()
         json!({"concurrent_runs": 1000, "daily_usd": 1}),
         json!({"daily_usd": 1e9}),
         json!({"models": ["gpt-4o-mini", "o3"]}),
+        json!({"schedules": 100, "batch_weight": 1000}),
     ] {
         let (code, said) = call(&stack, &admin, "/v1/team/limits", Some(&raise)).await?;
         assert_eq!(
@@ -136,6 +138,43 @@ async fn a_team_admin_cannot_raise_the_operators_ceilings() -> anyhow::Result<()
     );
     let why = said["error"].as_str().unwrap_or_default();
     assert!(why.contains("`o3`") && why.contains("allow"), "{said}");
+
+    // One team cannot fill the fleet's schedules, nor weigh its batches above the ceiling.
+    let item = json!({"id": "one", "repo": repo, "input": {"n": 9}});
+    let data = stack.dir.path().join("data.jsonl");
+    std::fs::write(&data, format!("{item}\n"))?;
+    let data = data.display().to_string();
+    let graph = stack.dir.path().join("graph.yaml");
+    std::fs::write(&graph, GRAPH)?;
+    let graph = graph.display().to_string();
+    let as_member = [("FLEET_TOKEN", member.as_str())];
+    let schedule = |name: &str| {
+        stack.cli_env(
+            &[
+                "schedule",
+                "add",
+                name,
+                "--cron",
+                "0 2 * * *",
+                "--dataset",
+                &data,
+                "--graph",
+                &graph,
+            ],
+            &as_member,
+        )
+    };
+    let first = schedule("first")?;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let second = schedule("second")?;
+    assert_ne!(second.code, 0, "a second schedule past the ceiling of 1");
+    assert!(second.stderr.contains("(schedules)"), "{}", second.stderr);
+    let heavy = stack.cli_env(
+        &["batch", "submit", &data, "--graph", &graph, "--weight", "5"],
+        &as_member,
+    )?;
+    assert_ne!(heavy.code, 0, "a batch of weight 5 past the ceiling of 2");
+    assert!(heavy.stderr.contains("batch_weight"), "{}", heavy.stderr);
 
     // A team with its own ceiling starts at it.
     let big = token_of(&stack.cli(&["token", "bootstrap", "--team", "team-big"])?)?;
