@@ -78,11 +78,7 @@ pub(crate) fn agent_exceeds(agent: &AgentConfig, graph: &Graph) -> Option<String
 
 /// A run's model without a price: refused (closed by default), never counted at $0.
 pub(crate) fn unpriced(agent: &AgentConfig, prices: &worker::agent::PriceTable) -> Option<String> {
-    let model = match agent {
-        AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => &c.model,
-        AgentConfig::Command(c) => &c.model,
-        AgentConfig::Scripted { .. } => return None,
-    };
+    let model = model_of(agent)?;
     prices.price(model).is_none().then(|| {
         format!(
             "no price for model `{model}`: a run's spend is never counted at $0; name its price \
@@ -90,6 +86,15 @@ pub(crate) fn unpriced(agent: &AgentConfig, prices: &worker::agent::PriceTable) 
              coordinators and workers"
         )
     })
+}
+
+/// The model a run's agents call (none for a script).
+pub(crate) fn model_of(agent: &AgentConfig) -> Option<&str> {
+    match agent {
+        AgentConfig::Anthropic(c) | AgentConfig::Openai(c) => Some(&c.model),
+        AgentConfig::Command(c) => Some(&c.model),
+        AgentConfig::Scripted { .. } => None,
+    }
 }
 
 /// The provider a run's agents call: the built-in loop's API, or a command agent's.

@@ -9,7 +9,8 @@ use crate::driver::Coordinator;
 use crate::openapi::{NoSuchRun, RunPath};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::Json;
+use axum::{Extension, Json};
+use shared::auth::Principal;
 use shared::engine::{quarantine, Applied, Event};
 use shared::http::{self, QuarantineDecided, QuarantineItem, QuarantineView};
 use shared::ids::RunId;
@@ -88,6 +89,7 @@ pub(crate) struct QuarantineBody {
 )]
 pub(crate) async fn decide(
     State(c): State<Arc<Coordinator>>,
+    Extension(p): Extension<Principal>,
     Path((id, item)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<QuarantineDecided>, ApiError> {
@@ -97,7 +99,7 @@ pub(crate) async fn decide(
     let event = Event::Quarantine {
         item: item.clone(),
         approved: d.approved,
-        by: d.by,
+        by: shared::auth::decided_by(&p, &d.by),
         comment: d.comment,
         at: c.clock.now(),
     };
@@ -156,6 +158,7 @@ pub(crate) struct DecideBody {
 )]
 pub(crate) async fn decide_approval(
     State(c): State<Arc<Coordinator>>,
+    Extension(p): Extension<Principal>,
     Path((id, node)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<http::Decided>, ApiError> {
@@ -173,7 +176,14 @@ pub(crate) async fn decide_approval(
         ));
     }
     let applied = c
-        .decide(&run, &node, d.approved, &d.by, &d.comment, d.edits)
+        .decide(
+            &run,
+            &node,
+            d.approved,
+            &shared::auth::decided_by(&p, &d.by),
+            &d.comment,
+            d.edits,
+        )
         .await?;
     let s = c.load(&run).await?;
     let applied = match applied {

@@ -152,6 +152,9 @@ pub async fn submit_as(
     if let Some(why) = crate::agent_checks::unpriced(&req.agent, &coord.prices) {
         return Err(SubmitError::Input(why).into());
     }
+    if let Some(team) = &req.team {
+        crate::team_api::check_model(coord, team, &req.agent).await?;
+    }
     let refused = crate::agent_checks::provider_refusals(&req.agent, &bundle);
     if !refused.is_empty() {
         return Err(SubmitError::Graph(refused).into());
@@ -160,6 +163,17 @@ pub async fn submit_as(
         if !shared::factory::valid_run_id(id) {
             return Err(SubmitError::Input(format!(
                 "run id `{id}`: use 1 to 64 letters, digits, `-` or `_`"
+            ))
+            .into());
+        }
+        let marked = req
+            .team
+            .as_deref()
+            .is_none_or(|t| id.ends_with(&shared::auth::team_mark(t)));
+        if !marked && id.len() > shared::auth::TEAM_CHOSEN_RUN_ID_MAX {
+            return Err(SubmitError::Input(format!(
+                "run id `{id}`: a team's run id is at most {} characters (its team's mark is added)",
+                shared::auth::TEAM_CHOSEN_RUN_ID_MAX
             ))
             .into());
         }
@@ -197,15 +211,18 @@ pub async fn submit_as(
         run_id: derived,
         submission_hash,
     } = prepared;
+    let team = req.team.clone();
+    // Chosen or derived, a team's run id carries its team's mark: no team takes or probes
+    // another's ids.
     if let Some(id) = &requested {
         if meta.get("run_id").is_some() {
-            meta["run_id"] = json!(id);
+            meta["run_id"] = json!(shared::auth::team_run_id(id, team.as_deref()));
         }
     }
-    let team = req.team.clone();
-    let run_id = RunId::new(
-        requested.unwrap_or_else(|| shared::auth::team_run_id(&derived, team.as_deref())),
-    );
+    let run_id = RunId::new(shared::auth::team_run_id(
+        requested.as_deref().unwrap_or(&derived),
+        team.as_deref(),
+    ));
     // An existing run (also one restored from object storage) is returned, not restarted, and
     // only when it is this submission's.
     match coord.load_existing(&run_id).await {

@@ -116,6 +116,11 @@ pub(crate) async fn set_limits(
     limits
         .check()
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e, vec![]))?;
+    // The operator's ceilings are not the team's to raise.
+    let above = shared::ceilings::above(&limits, &c.ledger.ceiling(&team));
+    if !above.is_empty() {
+        return Err(ApiError(StatusCode::FORBIDDEN, above.join("; "), above));
+    }
     c.ledger.set_limits(&team, &limits).await?;
     info!(team, limits = ?limits, "team limits set");
     Ok(Json(limits))
@@ -206,6 +211,26 @@ pub(crate) async fn deliveries(
 ) -> Result<Json<Vec<serde_json::Value>>, ApiError> {
     let team = team_of(&p, &q)?;
     Ok(Json(c.ledger.deliveries(&team, 200).await?))
+}
+
+/// Refuses a run of `team` whose agent calls a model outside the team's allow-list.
+pub(crate) async fn check_model(
+    c: &Coordinator,
+    team: &str,
+    agent: &shared::agent_config::AgentConfig,
+) -> Result<(), DriverError> {
+    let Some(model) = crate::agent_checks::model_of(agent) else {
+        return Ok(());
+    };
+    let limits = c
+        .ledger
+        .limits(team)
+        .await
+        .map_err(|e| SubmitError::Preflight(e.to_string()))?;
+    match shared::ceilings::model_refused(&limits, team, model) {
+        Some(why) => Err(SubmitError::Input(why).into()),
+        None => Ok(()),
+    }
 }
 
 /// Counts a new run of `team` as under way, unless the team has its limit of runs under way

@@ -38,6 +38,8 @@ pub(crate) async fn run_tree(
             continue;
         }
         match c.load(&run).await {
+            // Only the root's team's runs: a tree never shows another team's run.
+            Ok(state) if state.team != root.team => {}
             Ok(state) => {
                 queue.extend(ChildView::all(&state).into_iter().map(|v| v.run_id));
                 loaded.insert(run, state);

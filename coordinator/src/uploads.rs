@@ -21,6 +21,9 @@ use std::sync::Arc;
 use tracing::{info, warn};
 use worker::git::GitError;
 
+/// How long an upload waits for a slot before it is answered 503.
+const UPLOAD_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub(crate) fn routes() -> Vec<Route> {
     vec![
         at(Verb::Post, "/v1/uploads", upload_pack),
@@ -120,6 +123,19 @@ pub(crate) async fn upload_pack(
             format!("`{}` is not a full commit id in lowercase hex", q.commit),
         ));
     }
+    // A slot before the body is read: what uploads hold in memory is bounded by the slots.
+    let slot = tokio::time::timeout(UPLOAD_SLOT_WAIT, c.upload_slots.clone().acquire_owned())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| {
+            refused(
+                &c,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many uploads are being checked at once (FLEET_UPLOAD_CONCURRENCY); retry later"
+                    .into(),
+            )
+        })?;
     let limit = c.max_upload_bytes;
     let bytes = axum::body::to_bytes(body, usize::try_from(limit).unwrap_or(usize::MAX))
         .await
@@ -155,8 +171,8 @@ pub(crate) async fn upload_pack(
             ));
         }
     };
-    let tree_hash =
-        shared::factory::tree_hash(seen.files.iter().map(|(p, b)| (p.as_str(), b.as_slice())));
+    drop(slot);
+    let tree_hash = seen.tree_hash.clone();
     let key = crate::snapshot::pack_key(&pack);
     let stored = !c.blobs.exists(&key).await.map_err(DriverError::from)?;
     if stored {

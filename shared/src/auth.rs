@@ -55,6 +55,16 @@ impl Access {
     }
 }
 
+/// Who made a decision (an approval, a quarantine's), as recorded: the token's id first,
+/// whatever the request says after it; through the open API, what the request says.
+pub fn decided_by(p: &Principal, said: &str) -> String {
+    match (&p.token_id, said.is_empty()) {
+        (None, _) => said.to_string(),
+        (Some(id), true) => format!("token {id}"),
+        (Some(id), false) => format!("token {id}: {said}"),
+    }
+}
+
 /// A token as stored: never the token itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -147,14 +157,30 @@ pub fn check_name(name: &str) -> Result<(), AuthError> {
     }
 }
 
-/// A run id of `team`: the id derived from the submission, made the team's own (a team's
-/// submission never names, nor returns, another team's run). No team: the id as derived.
-pub fn team_run_id(derived: &str, team: Option<&str>) -> String {
+/// The mark every run id of a team ends with: `-t` and 10 hex digits of the team's name's
+/// hash. No other team's id ends with it, so a team can neither take nor probe another's ids.
+pub fn team_mark(team: &str) -> String {
+    let h = hex::encode(Sha256::digest(format!("fleet-team\n{team}").as_bytes()));
+    format!("-t{}", &h[..10])
+}
+
+/// How long a run id a team chooses may be: 64 less its team's mark.
+pub const TEAM_CHOSEN_RUN_ID_MAX: usize = 64 - 12;
+
+/// A run id of `team`: the id derived from the submission or chosen by the submitter, made
+/// the team's own by its mark (an id that has it already is kept, so the id given back names
+/// the same run again). A team's submission never names, nor returns, another team's run,
+/// and whether another team has an id never changes the answer. No team: the id as given.
+pub fn team_run_id(id: &str, team: Option<&str>) -> String {
     match team {
-        None => derived.to_string(),
+        None => id.to_string(),
         Some(team) => {
-            let h = hex::encode(Sha256::digest(format!("{team}\n{derived}").as_bytes()));
-            h[..derived.len().clamp(12, 64)].to_string()
+            let mark = team_mark(team);
+            if id.ends_with(&mark) {
+                id.to_string()
+            } else {
+                format!("{id}{mark}")
+            }
         }
     }
 }
@@ -202,9 +228,32 @@ mod tests {
         let derived = "0123456789ab";
         let a = team_run_id(derived, Some("a"));
         assert_ne!(a, team_run_id(derived, Some("b")));
-        assert_eq!(a.len(), derived.len());
+        assert_eq!(a.len(), derived.len() + 12);
+        assert_eq!(team_run_id(&a, Some("a")), a, "a team's own id is kept");
+        let b_id = team_run_id("nightly", Some("b"));
+        assert_ne!(
+            team_run_id(&b_id, Some("a")),
+            b_id,
+            "another team's id is never taken"
+        );
         assert_eq!(team_run_id(derived, None), derived);
+        assert!(crate::factory::valid_run_id(&team_run_id(
+            &"x".repeat(52),
+            Some("a")
+        )));
         assert!(check_team("Team A").is_err());
         assert!(check_team("ml-evals").is_ok());
+    }
+
+    #[test]
+    fn a_decision_is_the_tokens_whatever_the_request_says() {
+        let p = Principal {
+            team: Some("a".into()),
+            role: Role::Member,
+            token_id: Some("t1".into()),
+        };
+        assert_eq!(decided_by(&p, "lead"), "token t1: lead");
+        assert_eq!(decided_by(&p, ""), "token t1");
+        assert_eq!(decided_by(&Principal::open(), "ana"), "ana");
     }
 }

@@ -79,6 +79,15 @@ pub struct TeamLimits {
     /// LLM calls per window, per provider (`anthropic`, `openai`), over the team's agents.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub llm_rate: BTreeMap<String, Rate>,
+    /// Schedules the team may keep (the fleet's own cap holds as well).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedules: Option<u32>,
+    /// The highest weight a batch of the team may ask for (its share of the batch slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_weight: Option<u32>,
+    /// The models the team's runs may call (none: any model with a price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
 }
 
 impl TeamLimits {
@@ -115,6 +124,21 @@ impl TeamLimits {
             }
             rate.check()
                 .map_err(|e| format!("llm_rate.{provider}: {e}"))?;
+        }
+        if self.schedules == Some(0) {
+            return Err("schedules must be above 0".into());
+        }
+        let max_weight = crate::batch::state::MAX_WEIGHT;
+        if self
+            .batch_weight
+            .is_some_and(|w| !(1..=max_weight).contains(&w))
+        {
+            return Err(format!("batch_weight must be between 1 and {max_weight}"));
+        }
+        if let Some(models) = &self.models {
+            if models.len() > 1000 || models.iter().any(|m| m.is_empty() || m.len() > 200) {
+                return Err("models: at most 1000 names of 1 to 200 characters".into());
+            }
         }
         Ok(())
     }

@@ -90,6 +90,20 @@ pub async fn submit_batch_as(
     shared::graph::check(&req.graph)
         .map_err(|es| SubmitError::Graph(es.iter().map(|e| e.to_string()).collect::<Vec<_>>()))?;
     req.spec.validate().map_err(SubmitError::Input)?;
+    if let Some(team) = &req.team {
+        let limits = coord
+            .ledger
+            .limits(team)
+            .await
+            .map_err(|e| SubmitError::Preflight(e.to_string()))?;
+        if let Some(max) = limits.batch_weight.filter(|max| req.spec.weight > *max) {
+            return Err(SubmitError::Input(format!(
+                "weight is {}, above team `{team}`'s batch_weight of {max}",
+                req.spec.weight
+            ))
+            .into());
+        }
+    }
     let items = shared::batch::parse_dataset(&req.dataset)
         .map_err(|e| SubmitError::Input(e.to_string()))?;
     let runs = items.len().saturating_mul(req.spec.trials as usize);

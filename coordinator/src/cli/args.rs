@@ -184,6 +184,10 @@ impl WorkerSettings {
                 pids: self.pids,
                 ..Limits::default()
             },
+            images: shared::images::ImageAllow::parse(
+                &env("FLEET_TEAM_IMAGES").unwrap_or_default(),
+            )
+            .map_err(|e| anyhow!("FLEET_TEAM_IMAGES: {e}"))?,
         })
     }
 }

@@ -172,17 +172,31 @@ async fn connect_ledger(
     ns: &str,
     wait: Duration,
 ) -> anyhow::Result<worker::quota::redis_ledger::RedisLedger> {
-    Dependency::new("Redis", url)
+    // The operator's ceilings over every team's limits, the same on coordinators and workers.
+    let ceilings = shared::ceilings::Ceilings::parse(
+        &std::env::var("FLEET_TEAM_CEILINGS").unwrap_or_default(),
+    )
+    .map_err(|e| anyhow::anyhow!("FLEET_TEAM_CEILINGS: {e}"))?;
+    let ledger = Dependency::new("Redis", url)
         .wait_for(wait, || async {
             tcp_probe(url, 6379).await?;
             worker::quota::redis_ledger::RedisLedger::connect(url, ns)
                 .await
                 .map_err(|e| e.to_string())
         })
-        .await
+        .await?;
+    Ok(ledger.with_ceilings(ceilings))
 }
 
 pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<i32> {
+    // A fleet worker runs every team's jobs: never as host processes beside its own keys.
+    if !matches!(a.worker.sandbox, SandboxChoice::Docker) {
+        anyhow::bail!(
+            "a fleet worker runs jobs in Docker only: `--sandbox local-process` runs them as \
+             host processes, without isolation from the worker and other teams' jobs, and is \
+             for `fleet run` on your own machine"
+        );
+    }
     let wait = startup_wait()?;
     let mut config = a.worker.config()?;
     let ledger = connect_ledger(&a.redis, &a.backends.namespace, wait).await?;

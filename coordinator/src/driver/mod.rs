@@ -95,6 +95,8 @@ pub struct Coordinator {
     /// The largest repository pack a client may upload (`FLEET_MAX_UPLOAD_MB`, 256 MiB); the
     /// files of its commit may expand to four times that.
     pub max_upload_bytes: u64,
+    /// Uploads checked at once (`FLEET_UPLOAD_CONCURRENCY`, 2), each a pack and a file in memory.
+    pub upload_slots: Arc<tokio::sync::Semaphore>,
     /// The fleet's quota ledger (Redis when served; memory otherwise): teams' limits, spend,
     /// runs under way, webhooks and notices.
     pub ledger: Arc<dyn worker::quota::Ledger>,
@@ -199,6 +201,9 @@ impl Coordinator {
             open_api: true,
             repo_roots: crate::repo_roots::RepoRoots::from_env(),
             max_upload_bytes: env_u64("FLEET_MAX_UPLOAD_MB", 256).saturating_mul(1 << 20),
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(
+                env_u64("FLEET_UPLOAD_CONCURRENCY", 2).clamp(1, 64) as usize,
+            )),
             ledger: Arc::new(worker::quota::memory::MemoryLedger::new()),
             run_changed: tokio::sync::broadcast::channel(1024).0,
             prices: worker::agent::PriceTable::from_env().unwrap_or_else(|e| {

@@ -45,9 +45,10 @@ impl IntoResponse for ScheduleError {
                 details,
             ),
             e @ ScheduleError::Invalid(_) => (StatusCode::BAD_REQUEST, e.to_string(), vec![]),
-            e @ (ScheduleError::Exists(_) | ScheduleError::TooMany | ScheduleError::Busy(_)) => {
-                (StatusCode::CONFLICT, e.to_string(), vec![])
-            }
+            e @ (ScheduleError::Exists(_)
+            | ScheduleError::TooMany
+            | ScheduleError::TeamTooMany(..)
+            | ScheduleError::Busy(_)) => (StatusCode::CONFLICT, e.to_string(), vec![]),
             e @ (ScheduleError::Unknown(_) | ScheduleError::NoReport(..)) => {
                 (StatusCode::NOT_FOUND, e.to_string(), vec![])
             }

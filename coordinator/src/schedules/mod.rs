@@ -52,6 +52,8 @@ pub enum ScheduleError {
     Unknown(String),
     #[error("there are {MAX_SCHEDULES} schedules already; remove one first")]
     TooMany,
+    #[error("team `{0}` has {1} schedules, its limit (schedules); remove one first")]
+    TeamTooMany(String, u32),
     #[error("schedule `{0}` has no report of batch `{1}` (yet)")]
     NoReport(String, BatchId),
     #[error("schedule `{0}` kept changing under this write; try again")]
@@ -190,8 +192,20 @@ pub async fn add_schedule(
     if coord.store.schedule_state(&def.name).await?.is_some() {
         return Err(ScheduleError::Exists(shown));
     }
-    if coord.store.list_schedules().await?.len() >= MAX_SCHEDULES {
+    let stored = coord.store.list_schedules().await?;
+    if stored.len() >= MAX_SCHEDULES {
         return Err(ScheduleError::TooMany);
+    }
+    // A team's own cap (under the operator's ceiling): one team never fills the fleet's.
+    if let Some(team) = &def.team {
+        let max = coord.ledger.limits(team).await.map_err(|e| {
+            ScheduleError::Driver(crate::submit::SubmitError::Preflight(e.to_string()).into())
+        })?;
+        let prefix = shared::schedule::stored_name(Some(team), "");
+        let mine = stored.iter().filter(|n| n.starts_with(&prefix)).count();
+        if let Some(max) = max.schedules.filter(|m| mine >= *m as usize) {
+            return Err(ScheduleError::TeamTooMany(team.clone(), max));
+        }
     }
     let state = ScheduleState::new(&def);
     if !coord.store.add_schedule(&def, &state).await? {

@@ -29,8 +29,8 @@ pub use patch_paths::{patch_files, patch_paths, PatchError, PatchFile};
 pub use summary::{summarize, AttemptRecord, CmdResult, RunSummary};
 pub use swe::{is_swe_line, mirror_folder, swe_item, valid_mirror_name, SweError, SweItem};
 pub use work_order::{
-    config_hash, prepare, tree_hash, FactoryMeta, FactoryOptions, Stage, WorkOrder, WorkOrderError,
-    MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES, TREE_EXCLUDED_DIRS,
+    config_hash, prepare, tree_excluded, tree_hash, FactoryMeta, FactoryOptions, Stage, TreeHasher,
+    WorkOrder, WorkOrderError, MAX_CONTEXT_BYTES, MAX_CONTEXT_FILES, TREE_EXCLUDED_DIRS,
 };
 
 /// The reminder every FailureBrief carries back to the SE.

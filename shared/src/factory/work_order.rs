@@ -241,22 +241,42 @@ pub fn config_hash(model: &str, temperature: f64, max_attempts: u32, timeout: u6
 pub fn tree_hash<'a>(files: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
     let mut kept: Vec<(&str, &[u8])> = files
         .into_iter()
-        .filter(|(p, _)| {
-            !p.split('/')
-                .rev()
-                .skip(1)
-                .any(|dir| TREE_EXCLUDED_DIRS.contains(&dir))
-        })
+        .filter(|(p, _)| !tree_excluded(p))
         .collect();
     kept.sort_by(|a, b| a.0.cmp(b.0));
-    let mut h = Sha256::new();
+    let mut h = TreeHasher::default();
     for (path, bytes) in kept {
-        h.update(path.as_bytes());
-        h.update([0u8]);
-        h.update(bytes);
-        h.update([0u8]);
+        h.add(path, bytes);
     }
-    hex::encode(h.finalize())
+    h.finish()
+}
+
+/// Whether the tree hash leaves `path` out (a directory in `TREE_EXCLUDED_DIRS` above it).
+pub fn tree_excluded(path: &str) -> bool {
+    path.split('/')
+        .rev()
+        .skip(1)
+        .any(|dir| TREE_EXCLUDED_DIRS.contains(&dir))
+}
+
+/// [`tree_hash`] one file at a time, so no more than one file's bytes are held: the caller
+/// adds the files [`tree_excluded`] keeps, sorted by path.
+#[derive(Default)]
+pub struct TreeHasher {
+    h: Sha256,
+}
+
+impl TreeHasher {
+    pub fn add(&mut self, path: &str, bytes: &[u8]) {
+        self.h.update(path.as_bytes());
+        self.h.update([0u8]);
+        self.h.update(bytes);
+        self.h.update([0u8]);
+    }
+
+    pub fn finish(self) -> String {
+        hex::encode(self.h.finalize())
+    }
 }
 
 /// Validates a factory run's input, fills option defaults and computes the deterministic run id:

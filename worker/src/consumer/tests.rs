@@ -135,6 +135,7 @@ async fn fixture_for(sandbox: FakeSandbox, node: &str) -> Fixture {
         sandbox_user: "1000:1000".into(),
         llm: Default::default(),
         limits: Limits::default(),
+        images: Default::default(),
     };
     let runner = Runner::new(config, blobs, sandbox.clone(), Metrics::new())
         .unwrap()

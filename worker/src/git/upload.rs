@@ -1,21 +1,27 @@
 //! A pack a client uploaded, checked before any run starts from it: indexed into a throwaway
 //! bare repository (libgit2's indexer verifies every object), the commit it is for present
-//! with its whole history, and its tree's files read back for the seed's tree hash, bounded.
+//! with its whole history, and its tree's files read back for the seed's tree hash, bounded:
+//! their sizes are read from the objects' headers before any is inflated, and the hash reads
+//! one file at a time, so a small pack that inflates to gigabytes is refused without being
+//! inflated, and memory holds one file at most.
 
 use super::GitError;
 use git2::{ObjectType, Oid, Repository, TreeWalkMode, TreeWalkResult};
 use std::io::Write;
 
-/// What an uploaded pack holds for one commit: the commit and its tree's regular files.
+/// What an uploaded pack holds for one commit: the commit and its tree's hash.
 pub struct UploadedCommit {
     pub commit: String,
-    /// (path, bytes) of every regular file in the commit, for the seed's tree hash.
-    pub files: Vec<(String, Vec<u8>)>,
+    /// The seed's tree hash over every regular file of the commit.
+    pub tree_hash: String,
+    /// The regular files the commit holds.
+    pub files: usize,
 }
 
 /// Indexes `pack` in a throwaway repository and reads `commit` out of it: the commit and every
 /// ancestor must be in the pack, and its files may expand to `max_file_bytes` in all (a pack's
-/// deltas can make a small upload very large). Anything else is `GitError::Upload`.
+/// deltas can make a small upload very large), counted from the objects' headers before any
+/// is inflated. Anything else is `GitError::Upload`.
 pub fn inspect_pack(
     pack: &[u8],
     commit: &str,
@@ -50,6 +56,34 @@ pub fn inspect_pack(
     let tree = tip
         .tree()
         .map_err(|_| refused(format!("the tree of {commit} is not in the pack")))?;
+    let mut files = sized_files(&repo, &tree, max_file_bytes)?;
+    files.sort();
+    let mut hasher = shared::factory::TreeHasher::default();
+    for (path, id) in files
+        .iter()
+        .filter(|(p, _)| !shared::factory::tree_excluded(p))
+    {
+        let blob = repo
+            .find_blob(*id)
+            .map_err(|_| refused(format!("`{path}` is not in the pack")))?;
+        hasher.add(path, blob.content());
+    }
+    Ok(UploadedCommit {
+        commit: tip.id().to_string(),
+        tree_hash: hasher.finish(),
+        files: files.len(),
+    })
+}
+
+/// The regular files of `tree` with their blob ids, their sizes summed from the objects'
+/// headers (nothing inflated) and refused past `max_file_bytes`.
+fn sized_files(
+    repo: &Repository,
+    tree: &git2::Tree<'_>,
+    max_file_bytes: u64,
+) -> Result<Vec<(String, Oid)>, GitError> {
+    let refused = |why: String| GitError::Upload(why);
+    let odb = repo.odb()?;
     let mut files = Vec::new();
     let mut total: u64 = 0;
     let mut failure = None;
@@ -59,9 +93,9 @@ pub fn inspect_pack(
             return TreeWalkResult::Ok;
         }
         let path = format!("{dir}{}", entry.name().unwrap_or_default());
-        match repo.find_blob(entry.id()) {
-            Ok(blob) => {
-                total += blob.size() as u64;
+        match odb.read_header(entry.id()) {
+            Ok((size, ObjectType::Blob)) => {
+                total = total.saturating_add(size as u64);
                 if total > max_file_bytes {
                     failure = Some(refused(format!(
                         "its files expand past {} MiB",
@@ -69,9 +103,9 @@ pub fn inspect_pack(
                     )));
                     return TreeWalkResult::Abort;
                 }
-                files.push((path, blob.content().to_vec()));
+                files.push((path, entry.id()));
             }
-            Err(_) => {
+            _ => {
                 failure = Some(refused(format!("`{path}` is not in the pack")));
                 return TreeWalkResult::Abort;
             }
@@ -82,8 +116,5 @@ pub fn inspect_pack(
         return Err(e);
     }
     walked?;
-    Ok(UploadedCommit {
-        commit: tip.id().to_string(),
-        files,
-    })
+    Ok(files)
 }

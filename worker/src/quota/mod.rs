@@ -59,7 +59,12 @@ pub type Delivery = Value;
 
 #[async_trait]
 pub trait Ledger: Send + Sync {
+    /// The limits that hold for the team: what its admin set, capped by the operator's ceiling.
     async fn limits(&self, team: &str) -> Result<TeamLimits, LedgerError>;
+    /// The operator's ceiling over the team's limits (none by default).
+    fn ceiling(&self, _team: &str) -> TeamLimits {
+        TeamLimits::default()
+    }
     async fn set_limits(&self, team: &str, limits: &TeamLimits) -> Result<(), LedgerError>;
     /// Admits one call: refused when a budget is spent, held while a rate is full or the
     /// provider backs off, else counted against the rates.

@@ -138,6 +138,8 @@ pub struct RedisLedger {
     record: Script,
     throttled: Script,
     admit_run: Script,
+    /// The operator's ceilings over every team's limits.
+    ceilings: shared::ceilings::Ceilings,
 }
 
 fn backend(e: impl std::fmt::Display) -> LedgerError {
@@ -163,8 +165,15 @@ impl RedisLedger {
             record: Script::new(RECORD),
             throttled: Script::new(THROTTLED),
             admit_run: Script::new(ADMIT_RUN),
+            ceilings: shared::ceilings::Ceilings::default(),
         };
         Ok(ledger)
+    }
+
+    /// The ledger with the operator's ceilings: every team's limits are read capped by them.
+    pub fn with_ceilings(mut self, ceilings: shared::ceilings::Ceilings) -> Self {
+        self.ceilings = ceilings;
+        self
     }
 
     fn key(&self, rest: &str) -> String {
@@ -197,13 +206,18 @@ impl Ledger for RedisLedger {
         let text: Option<String> = self
             .timed(c.get(self.key(&format!("limits:{team}"))))
             .await?;
-        match text {
-            None => Ok(TeamLimits::default()),
+        let set = match text {
+            None => TeamLimits::default(),
             Some(t) => serde_json::from_str(&t).map_err(|e| LedgerError::Corrupt {
                 what: format!("limits of team `{team}`"),
                 why: e.to_string(),
-            }),
-        }
+            })?,
+        };
+        Ok(shared::ceilings::capped(&set, &self.ceilings.of(team)))
+    }
+
+    fn ceiling(&self, team: &str) -> TeamLimits {
+        self.ceilings.of(team)
     }
 
     async fn set_limits(&self, team: &str, limits: &TeamLimits) -> Result<(), LedgerError> {

@@ -190,6 +190,9 @@ impl Runner {
                     ("fleet.run".into(), spec.run_id.to_string()),
                 ],
             };
+            if let Some(step) = self.image_refused(spec, &sandbox_spec.image).await {
+                return Ok(Executed::uncommitted(step, Usage::default(), 0.0));
+            }
             crate::faults::point("worker.before_container").await;
             match self.sandbox.start(&sandbox_spec).await {
                 Ok(s) => {
@@ -315,6 +318,25 @@ impl Runner {
 pub const SHARE_OVER_WARM_FILES: usize = 2_000;
 
 impl Runner {
+    /// The job's error when its team may not run `image` (the operator's allow-list by image
+    /// id); never a container of it.
+    async fn image_refused(&self, spec: &JobSpec, image: &str) -> Option<StepOutcome> {
+        if !self.config.images.is_set() || spec.team.is_none() {
+            return None;
+        }
+        let id = self.sandbox.image_id(image).await.ok().flatten();
+        let why = self
+            .config
+            .images
+            .refused(spec.team.as_deref(), image, id.as_deref())?;
+        warn!(job = %spec.job_id, team = spec.team.as_deref().unwrap_or("-"), image, "image refused");
+        Some(StepOutcome {
+            status: JobStatus::Error,
+            output: Value::Null,
+            error: Some(why),
+        })
+    }
+
     /// How a job's worktree is made: on its commit's shared checkout when the job only reads it
     /// (`may_share_checkout`), else layered over that checkout when this worker layers; else
     /// checked out. With a warm pool, a commit of fewer than `SHARE_OVER_WARM_FILES` files is

@@ -82,6 +82,8 @@ pub struct WorkerConfig {
     pub sandbox_user: String,
     pub llm: LlmSettings,
     pub limits: Limits,
+    /// The images each team's jobs may run, by id (`FLEET_TEAM_IMAGES`; empty: any).
+    pub images: shared::images::ImageAllow,
 }
 
 pub struct Runner {
