@@ -10,7 +10,7 @@
 //! fails the attempt.
 
 use crate::blobs::BlobError;
-use crate::git::{files_on_disk, Worktree};
+use crate::git::{tree_hash_on_disk, Worktree};
 use crate::harness::{excerpt, failed, read_params, run_logged, Artifacts, StepOutcome};
 use crate::sandbox::Session;
 use crate::verify::{default_timeout, observe, RunPlace, TestRunParams};
@@ -123,24 +123,33 @@ pub async fn factory_verify(
             art.put_json("failure_brief.json", &json!(b)).await?;
             Ok(failed(output, &b))
         }
-        None => {
-            output["tree_hash_after"] = json!(tree_hash_of(wt).await);
-            Ok(StepOutcome {
-                status: JobStatus::Ok,
+        None => match tree_hash_of(wt).await {
+            Ok(hash) => {
+                output["tree_hash_after"] = json!(hash);
+                Ok(StepOutcome {
+                    status: JobStatus::Ok,
+                    output,
+                    error: None,
+                })
+            }
+            Err(e) => Ok(StepOutcome {
+                status: JobStatus::Failed,
                 output,
-                error: None,
-            })
-        }
+                error: Some(e),
+            }),
+        },
     }
 }
 
-/// The seed's tree hash of the worktree's files.
-async fn tree_hash_of(wt: &Worktree) -> String {
-    wt.blocking(|wt| {
-        let files = files_on_disk(&wt.dir).unwrap_or_default();
-        factory::tree_hash(files.iter().map(|(p, b)| (p.as_str(), b.as_slice())))
-    })
-    .await
+/// The longest worktree file the tree hash reads (by length: a sparse file counts whole).
+const MAX_TREE_FILE: u64 = 256 << 20;
+
+/// The seed's tree hash of the worktree's files, one file at a time; a file over
+/// `MAX_TREE_FILE` fails the step, naming it.
+async fn tree_hash_of(wt: &Worktree) -> Result<String, String> {
+    wt.blocking(|wt| tree_hash_on_disk(&wt.dir, MAX_TREE_FILE))
+        .await
+        .map_err(|e| format!("the worktree cannot be hashed: {e}"))
 }
 
 /// PO for a work order with named tests: no global verification, the named tests judged.
@@ -155,7 +164,16 @@ async fn named_acceptance(
     art.put_json("verify_result.json", &output["verify"])
         .await?;
     // The product as the agent left it, before the harness lays the tests down.
-    let tree_hash = tree_hash_of(place.wt).await;
+    let tree_hash = match tree_hash_of(place.wt).await {
+        Ok(hash) => hash,
+        Err(e) => {
+            return Ok(StepOutcome {
+                status: JobStatus::Failed,
+                output,
+                error: Some(e),
+            })
+        }
+    };
     let accepted = accept_named_tests(
         tests,
         &p.code_under_test,

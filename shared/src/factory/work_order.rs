@@ -268,9 +268,22 @@ pub struct TreeHasher {
 
 impl TreeHasher {
     pub fn add(&mut self, path: &str, bytes: &[u8]) {
+        self.begin(path);
+        self.update(bytes);
+        self.end();
+    }
+
+    /// A file added in parts: `begin`, its bytes in any number of `update`s, `end`.
+    pub fn begin(&mut self, path: &str) {
         self.h.update(path.as_bytes());
         self.h.update([0u8]);
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
         self.h.update(bytes);
+    }
+
+    pub fn end(&mut self) {
         self.h.update([0u8]);
     }
 

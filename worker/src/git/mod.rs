@@ -29,7 +29,7 @@ mod worktree;
 
 pub use changes::patch_changes;
 pub use mirror::{GitCache, MirrorHold};
-pub use repo::{files_on_disk, pack_commit, pack_repository, resolve_clean, RepoPack};
+pub use repo::{tree_hash_on_disk, pack_commit, pack_repository, resolve_clean, RepoPack};
 pub use shared_checkout::{Lease, SHARED_CHECKOUTS_ENV};
 pub use upload::{inspect_pack, UploadedCommit};
 pub use worktree::{PickOutcome, Worktree};
@@ -53,6 +53,9 @@ pub enum GitError {
     SafeFs(#[from] crate::safe_fs::SafeFsError),
     #[error("the diff is too large: {0}")]
     TooLarge(String),
+    /// A worktree file longer than what is read of one (sparse files included).
+    #[error("a worktree file is too large: {0}")]
+    FileTooLarge(String),
     /// An uploaded pack refused: not a pack, or not holding what it is said to hold.
     #[error("the uploaded pack is refused: {0}")]
     Upload(String),
@@ -83,6 +86,7 @@ impl GitError {
             GitError::Dirty(..)
             | GitError::Apply(_)
             | GitError::TooLarge(_)
+            | GitError::FileTooLarge(_)
             | GitError::Upload(_)
             | GitError::SharedCheckout(_) => false,
             GitError::SafeFs(e) => matches!(e, crate::safe_fs::SafeFsError::Io { .. }),

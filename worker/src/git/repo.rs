@@ -104,13 +104,17 @@ pub(super) fn paths_on_disk(root: &Path) -> Result<Vec<String>, GitError> {
     Ok(out)
 }
 
-/// (path, bytes) of the regular files under `root`, skipping symlinks, for the tree hash.
-pub fn files_on_disk(root: &Path) -> Result<Vec<(String, Vec<u8>)>, GitError> {
-    let mut out = Vec::new();
+/// The seed's tree hash of the regular files under `root` (links neither entered nor read),
+/// one file at a time in 64 KiB reads; a file longer than `max_file` is refused by its length,
+/// before it is read.
+pub fn tree_hash_on_disk(root: &Path, max_file: u64) -> Result<String, GitError> {
+    use std::io::Read;
+    let mut files = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
+            // `file_type` does not follow a link: links are neither entered nor read.
             let ft = entry.file_type()?;
             let path = entry.path();
             if ft.is_dir() {
@@ -121,9 +125,32 @@ pub fn files_on_disk(root: &Path) -> Result<Vec<(String, Vec<u8>)>, GitError> {
                     .expect("walked under root")
                     .to_string_lossy()
                     .replace('\\', "/");
-                out.push((rel, std::fs::read(&path)?));
+                if !shared::factory::tree_excluded(&rel) {
+                    files.push((rel, path, entry.metadata()?.len()));
+                }
             }
         }
     }
-    Ok(out)
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut h = shared::factory::TreeHasher::default();
+    let mut buf = vec![0u8; 64 << 10];
+    for (rel, path, len) in files {
+        // Lengths, not blocks: a sparse file is refused before a byte of it is read.
+        if len > max_file {
+            return Err(GitError::FileTooLarge(format!(
+                "{rel} is {len} bytes long, over the {max_file} bytes a worktree file may hold"
+            )));
+        }
+        let mut f = std::fs::File::open(&path)?.take(max_file);
+        h.begin(&rel);
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        h.end();
+    }
+    Ok(h.finish())
 }

@@ -8,9 +8,12 @@
 //! `/dev/zero` on the test machine got 12 to 70 MiB past a 50 MiB quota before it was killed.
 //!
 //! The walk never follows a symlink nor enters another file system (a layered worktree's
-//! overlay: its upper layer, in the folder, holds what the job wrote), and counts allocated blocks (`st_blocks * 512`), not file
-//! lengths: a sparse file costs what it uses, a preallocated one what it reserved, and a file
-//! with several links inside the folder is counted once. It runs on the blocking pool.
+//! overlay: its upper layer, in the folder, holds what the job wrote), and counts each file at
+//! the larger of its length and its allocated blocks (`st_blocks * 512`): a sparse file costs
+//! its length (`truncate -s 8G` costs no block, but everything that reads the worktree after
+//! the job, its commit and its tree hash, would read 8 GiB), a preallocated one what it
+//! reserved, and a file with several links inside the folder is counted once. It runs on the
+//! blocking pool.
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -71,7 +74,9 @@ fn add(out: &mut DiskUsage, meta: &std::fs::Metadata, seen_links: &mut HashSet<(
     if !meta.is_dir() && meta.nlink() > 1 && !seen_links.insert((meta.dev(), meta.ino())) {
         return;
     }
-    out.bytes = out.bytes.saturating_add(meta.blocks().saturating_mul(512));
+    let allocated = meta.blocks().saturating_mul(512);
+    let logical = if meta.is_file() { meta.len() } else { 0 };
+    out.bytes = out.bytes.saturating_add(allocated.max(logical));
 }
 
 /// `usage` on the blocking pool.
