@@ -283,15 +283,15 @@ async fn server_paused_while_a_job_runs(server: Server) -> anyhow::Result<()> {
 }
 
 /// The whole run with `server` reachable only through 500 ms of latency each way.
-async fn server_slow_for_a_whole_run(server: Server) -> anyhow::Result<()> {
+async fn server_slow_for_a_whole_run(server: Server, latency: Duration) -> anyhow::Result<()> {
     let (stack, proxies) = stack_behind(&format!("slow{}", server.name()), &[server]).await?;
-    proxies[0].set_latency(Duration::from_millis(500));
+    proxies[0].set_latency(latency);
     let started = Instant::now();
     let run = submit(&stack)?;
     let redone = ended_right(&stack, &run).await?;
     let seen = healthz(&stack).await;
     figure(
-        &format!("{}_latency_500ms_run", server.name()),
+        &format!("{}_latency_{}ms_run", server.name(), latency.as_millis()),
         started.elapsed(),
         redone,
         &seen,
@@ -311,8 +311,10 @@ async fn fault_matrix_each_server_paused_while_a_job_runs() -> anyhow::Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the slow fault matrix: run with --ignored (scripts/bench-faults.sh does)"]
 async fn fault_matrix_each_server_behind_500ms_of_latency() -> anyhow::Result<()> {
+    // The same run through a proxy that adds nothing: the baseline.
+    server_slow_for_a_whole_run(Server::Redis, Duration::ZERO).await?;
     for server in [Server::Rabbitmq, Server::S3, Server::Redis] {
-        server_slow_for_a_whole_run(server).await?;
+        server_slow_for_a_whole_run(server, Duration::from_millis(500)).await?;
     }
     Ok(())
 }
