@@ -20,15 +20,15 @@ trap 'rm -f "$out"' EXIT
 for i in $(seq 1 "$rounds"); do
   echo "round $i of $rounds" >&2
   cargo test -q -p fleet-tests --test server_faults -- --include-ignored --test-threads 1 \
-    --nocapture 2>&1 | grep '^fault-figure' >>"$out" || { echo "server_faults failed" >&2; exit 1; }
+    --nocapture 2>&1 | grep -o 'fault-figure.*' >>"$out" || { echo "server_faults failed" >&2; exit 1; }
   cargo test -q -p fleet-tests --test recovery -- --test-threads 1 --nocapture \
-    a_coordinator_works_again 2>&1 | grep '^fault-figure' >>"$out" || { echo "recovery failed" >&2; exit 1; }
+    a_coordinator_works_again 2>&1 | grep -o 'fault-figure.*' >>"$out" || { echo "recovery failed" >&2; exit 1; }
 done
 python3 - "$out" <<'PY'
 import re, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    m = re.match(r'fault-figure fault=(\S+) recovered_ms=(\d+) redone_jobs=(\S+) healthz="(.*)"', line)
+    m = re.search(r'fault-figure fault=(\S+) recovered_ms=(\d+) redone_jobs=(\S+) healthz="(.*)"', line)
     if m:
         r = rows.setdefault(m[1], {"ms": [], "redone": [], "seen": set()})
         r["ms"].append(int(m[2])); r["redone"].append(float(m[3])); r["seen"].add(m[4])
