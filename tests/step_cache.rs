@@ -1,7 +1,9 @@
 //! The step cache on the real stack: a batch rerun with nothing changed reuses every harness
 //! step's kept result (the agent steps run again: graphs cache them only on request), gives the
 //! same verdicts, and points only at artifacts in its own runs' folders; a cache whose entries
-//! were tampered with is never believed: every step runs again and the verdicts hold.
+//! were tampered with is never believed: every step runs again and the verdicts hold. A Docker
+//! failure at each point of a step (container gone before its start, before an exec, during one)
+//! is never kept: the next run with the same inputs is not served it.
 
 use fleet_tests::stack::{example, make_calc_repo, s3_blobs, Stack};
 use serde_json::{json, Value};
@@ -220,4 +222,111 @@ async fn an_unchanged_rerun_reuses_every_harness_step_and_a_tampered_cache_is_ne
         }
     }
     Ok(())
+}
+
+/// One command step the cache may keep (a read-only worktree, a container).
+const ONE_COMMAND: &str = r#"
+name: one-command
+start: first
+defaults: {image: "fleet-agent-py:1", timeout_seconds: 60}
+nodes:
+  first:
+    kind: command
+    commands: ["sleep 1"]
+    worktree: {from: base, mode: ro}
+    routes: [{to: done}]
+  done: {kind: exit, status: first.ok}
+"#;
+
+fn submit_one_command(stack: &Stack, repo: &Path, name: &str) -> anyhow::Result<String> {
+    let dir = stack.dir.path().join(name);
+    std::fs::create_dir_all(&dir)?;
+    let graph = dir.join("graph.yaml");
+    std::fs::write(&graph, ONE_COMMAND)?;
+    let input = dir.join("input.json");
+    std::fs::write(&input, serde_json::to_vec(&json!({"name": name}))?)?;
+    let script = dir.join("script.json");
+    std::fs::write(&script, "{}")?;
+    fleet_tests::submit::submit_with_script(stack, &graph, repo, &input, &script)
+}
+
+/// Waits until the worker passed the fault point `point` (`worker::faults`).
+async fn reached(dir: &Path, point: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.join(format!("{point}.reached")).exists() {
+        anyhow::ensure!(Instant::now() < deadline, "{point} not reached");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Docker fails the step at `point` (its container removed from under it there, as a daemon
+/// restart or an OOM kill of the container would); the step cache must never keep what came of
+/// it: the run retries the step on a new container and succeeds, and a second run with the same
+/// inputs succeeds (a kept failure would be served to it).
+async fn a_docker_failure_is_never_kept(point: &str) -> anyhow::Result<()> {
+    let faults = tempfile::tempdir()?;
+    let dir = faults.path().display().to_string();
+    let env = [
+        ("FLEET_FAULT_PAUSE", point),
+        ("FLEET_FAULT_DIR", dir.as_str()),
+    ];
+    let stack = Stack::start("dockerfail", 1, &env).await?;
+    let repo = make_calc_repo(stack.dir.path())?;
+    let first = submit_one_command(&stack, &repo, "broken")?;
+    reached(faults.path(), point).await?;
+    let label = format!("label=fleet.job={first}.first.1");
+    let listed = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &label])
+        .output()?;
+    let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    anyhow::ensure!(!ids.is_empty(), "no container of {first} at {point}");
+    let removed = std::process::Command::new("docker")
+        .args(["rm", "-f"])
+        .args(&ids)
+        .output()?;
+    anyhow::ensure!(removed.status.success(), "docker rm -f: {removed:?}");
+    std::fs::write(faults.path().join(format!("{point}.resume")), b"")?;
+    let broken = stack.wait_run(&first, Duration::from_secs(120)).await?;
+
+    let second = submit_one_command(&stack, &repo, "clean")?;
+    let clean = stack.wait_run(&second, Duration::from_secs(120)).await?;
+    let reused = outcomes(&stack, &second).await?;
+    assert_eq!(
+        clean["status"], "succeeded",
+        "{point}: the second run got {clean}; its outcomes {reused:?}"
+    );
+    assert_eq!(
+        broken["status"], "succeeded",
+        "{point}: an infrastructure failure is retried, not a verdict: {broken}"
+    );
+    // What the second run was served, if anything, is the retry's result (execution 2 on), never
+    // the first execution's, which Docker broke.
+    for (node, from) in &reused {
+        let execution = from["execution"].as_str().unwrap_or_default();
+        assert!(
+            !execution.starts_with("e1-"),
+            "{point}: {node} was served the broken execution's result: {from}"
+        );
+    }
+    println!("{point}: the second run's outcomes {reused:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_gone_before_its_start_is_never_kept() -> anyhow::Result<()> {
+    a_docker_failure_is_never_kept("docker.after_create").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_gone_before_an_exec_is_never_kept() -> anyhow::Result<()> {
+    a_docker_failure_is_never_kept("docker.before_exec").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_gone_during_an_exec_is_never_kept() -> anyhow::Result<()> {
+    a_docker_failure_is_never_kept("docker.in_exec").await
 }

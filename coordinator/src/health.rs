@@ -7,9 +7,17 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use std::sync::Arc;
 
-/// The servers the coordinator needs and whether each answered its last call.
+/// The servers the coordinator needs and whether each answered its last call: Redis (the run
+/// store), RabbitMQ (the broker) and S3 (the object store), each when it is a server.
 pub fn dependencies(c: &Coordinator) -> Vec<(&'static str, bool)> {
-    c.store.dependency().into_iter().collect()
+    [
+        c.store.dependency(),
+        c.broker.dependency(),
+        c.blobs.dependency(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// `ok`, or `degraded: <server>, … unreachable` while a server the coordinator needs is away
@@ -17,7 +25,7 @@ pub fn dependencies(c: &Coordinator) -> Vec<(&'static str, bool)> {
 /// back).
 #[utoipa::path(
     get, path = "/healthz",
-    responses((status = 200, body = String, description = "`ok`, or `degraded: redis unreachable`"))
+    responses((status = 200, body = String, description = "`ok`, or `degraded: redis, rabbitmq, s3 unreachable`"))
 )]
 pub(crate) async fn healthz(State(c): State<Arc<Coordinator>>) -> String {
     let down: Vec<&str> = dependencies(&c)

@@ -3,6 +3,7 @@
 
 pub mod browser;
 pub mod fake_llm;
+pub mod fault_proxy;
 pub mod private_redis;
 pub mod stack;
 pub mod submit;

@@ -9,7 +9,6 @@
 //! report (`shared::factory::judge_named`): one that did not run, was skipped or did not pass
 //! fails the attempt.
 
-use crate::blobs::BlobError;
 use crate::git::{tree_hash_on_disk, Worktree};
 use crate::harness::{excerpt, failed, read_params, run_logged, Artifacts, StepOutcome};
 use crate::sandbox::Session;
@@ -25,7 +24,7 @@ use shared::text;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-type StepResult = Result<StepOutcome, BlobError>;
+type StepResult = Result<StepOutcome, crate::runner::RunError>;
 
 /// `factory_verify`'s parameters.
 #[derive(Deserialize)]
@@ -261,7 +260,7 @@ async fn run_until_failure(
     label: &str,
     timeout: Duration,
     art: &mut Artifacts<'_>,
-) -> Result<(Vec<CmdResult>, Option<FailureBrief>), BlobError> {
+) -> Result<(Vec<CmdResult>, Option<FailureBrief>), crate::runner::RunError> {
     let mut results = Vec::new();
     for (i, (argv, shown)) in commands.iter().enumerate() {
         let argv = match argv {
@@ -355,7 +354,7 @@ pub async fn accept_named_tests(
     seed: &str,
     timeout_seconds: u64,
     art: &mut Artifacts<'_>,
-) -> Result<Acceptance, BlobError> {
+) -> Result<Acceptance, crate::runner::RunError> {
     if base_commit.is_empty() {
         return Ok(Acceptance::Infra(
             "the run's base commit is unknown: the test patch has nothing to apply to".into(),

@@ -17,7 +17,9 @@ use object_store::{ObjectStore, PutPayload};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use shared::hashing::sha256_hex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -59,6 +61,8 @@ impl BlobError {
 #[derive(Clone)]
 pub struct Blobs {
     store: Arc<dyn ObjectStore>,
+    /// For a store on a server (S3): whether the server answered the last call.
+    up: Option<Arc<AtomicBool>>,
 }
 
 impl Blobs {
@@ -69,18 +73,22 @@ impl Blobs {
             // Every request is bounded: a stalled object store is an error that is retried,
             // not a job or a commit that hangs.
             let client = object_store::ClientOptions::new()
-                .with_connect_timeout(std::time::Duration::from_secs(5))
-                .with_timeout(std::time::Duration::from_secs(120));
+                .with_connect_timeout(Duration::from_secs(5))
+                .with_timeout(Duration::from_secs(120));
             let mut b = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket.trim_end_matches('/'))
-                .with_client_options(client);
+                .with_client_options(client)
+                .with_retry(retry_config());
             if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
                 b = b.with_endpoint(endpoint.clone());
                 if endpoint.starts_with("http://") {
                     b = b.with_allow_http(true);
                 }
             }
-            Arc::new(b.build()?)
+            let store: Arc<dyn ObjectStore> = Arc::new(b.build()?);
+            let mut blobs = Self::from_store(store, namespace);
+            blobs.up = Some(Arc::new(AtomicBool::new(true)));
+            return Ok(blobs);
         } else if let Some(path) = url.strip_prefix("file://") {
             std::fs::create_dir_all(path).map_err(|e| {
                 BlobError::Store(object_store::Error::Generic {
@@ -98,41 +106,63 @@ impl Blobs {
     pub fn from_store(store: Arc<dyn ObjectStore>, namespace: &str) -> Self {
         Self {
             store: Arc::new(PrefixStore::new(store, namespace)),
+            up: None,
         }
     }
 
+    /// The server this store reaches (`s3`) and whether it answered the last call; `None`
+    /// for local files and memory.
+    pub fn dependency(&self) -> Option<(&'static str, bool)> {
+        (self.up.as_ref()).map(|up| ("s3", up.load(Ordering::Relaxed)))
+    }
+
+    /// Books whether the server answered `outcome` (any answer, "not found" included).
+    fn seen<T>(&self, outcome: Result<T, object_store::Error>) -> Result<T, BlobError> {
+        let outcome = outcome.map_err(BlobError::from);
+        if let Some(up) = &self.up {
+            let answered = match &outcome {
+                Ok(_) => true,
+                Err(e) => !e.is_transient(),
+            };
+            up.store(answered, Ordering::Relaxed);
+        }
+        outcome
+    }
+
     pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), BlobError> {
-        self.store
+        let put = (self.store)
             .put(&ObjPath::from(key), PutPayload::from(Bytes::from(bytes)))
-            .await?;
+            .await;
+        self.seen(put)?;
         Ok(())
     }
 
     /// Copies `from` to `to` inside the store (server-side where the store can).
     pub async fn copy(&self, from: &str, to: &str) -> Result<(), BlobError> {
-        self.store
+        let copied = (self.store)
             .copy(&ObjPath::from(from), &ObjPath::from(to))
-            .await?;
-        Ok(())
+            .await;
+        self.seen(copied)
     }
 
     pub async fn get(&self, key: &str) -> Result<Vec<u8>, BlobError> {
-        let got = self.store.get(&ObjPath::from(key)).await?;
-        Ok(got.bytes().await?.to_vec())
+        let got = self.seen(self.store.get(&ObjPath::from(key)).await)?;
+        Ok(self.seen(got.bytes().await)?.to_vec())
     }
 
     pub async fn exists(&self, key: &str) -> Result<bool, BlobError> {
-        match self.store.head(&ObjPath::from(key)).await {
+        match self.seen(self.store.head(&ObjPath::from(key)).await) {
             Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(e.into()),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        match self.store.delete(&ObjPath::from(key)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        match self.seen(self.store.delete(&ObjPath::from(key)).await) {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -191,11 +221,12 @@ impl Blobs {
 
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
         use futures::TryStreamExt;
-        let items: Vec<_> = self
-            .store
-            .list(Some(&ObjPath::from(prefix)))
-            .try_collect()
-            .await?;
+        let items: Vec<_> = self.seen(
+            self.store
+                .list(Some(&ObjPath::from(prefix)))
+                .try_collect()
+                .await,
+        )?;
         let mut keys: Vec<String> = items.into_iter().map(|m| m.location.to_string()).collect();
         keys.sort();
         Ok(keys)
@@ -204,15 +235,31 @@ impl Blobs {
     /// The names of the folders directly under `prefix`, sorted: one level of the store's
     /// listing with a delimiter, so a folder of a million keys is one name.
     pub async fn list_folders(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
-        let listed = self
-            .store
-            .list_with_delimiter(Some(&ObjPath::from(prefix)))
-            .await?;
+        let listed = self.seen(
+            self.store
+                .list_with_delimiter(Some(&ObjPath::from(prefix)))
+                .await,
+        )?;
         let mut names: Vec<String> = (listed.common_prefixes.iter())
             .filter_map(|p| p.filename().map(str::to_string))
             .collect();
         names.sort();
         Ok(names)
+    }
+}
+
+/// Retries of one S3 request: the backoff stays under a second, so a request that found the
+/// server away goes through within about a second of its return (object_store's default
+/// backoff grows to 15 s); about a minute of retries before the caller sees the error.
+fn retry_config() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            base: 2.0,
+        },
+        max_retries: 60,
+        retry_timeout: Duration::from_secs(90),
     }
 }
 

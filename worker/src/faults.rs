@@ -6,7 +6,9 @@
 //!
 //! Points (each named where it is passed): `worker.before_container`, `worker.mid_run`,
 //! `worker.after_store`, `worker.after_ack`, `coordinator.after_commit`,
-//! `coordinator.after_claim`, `coordinator.after_publish`, `coordinator.before_first_mirror`.
+//! `coordinator.after_claim`, `coordinator.after_publish`, `coordinator.before_first_mirror`,
+//! and in the Docker adapter `docker.after_create` (before the start), `docker.before_exec`,
+//! `docker.in_exec` (the command running).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -75,7 +75,7 @@ pub async fn run_acceptance(
     place: &RunPlace<'_>,
     inputs: AcceptanceInputs<'_>,
     art: &mut Artifacts<'_>,
-) -> Result<AcceptanceRun, crate::blobs::BlobError> {
+) -> Result<AcceptanceRun, crate::runner::RunError> {
     let AcceptanceInputs {
         commands,
         checks,
@@ -173,7 +173,7 @@ async fn judged(
     obs: &Observation,
     label: &str,
     art: &mut Artifacts<'_>,
-) -> Result<Judged, crate::blobs::BlobError> {
+) -> Result<Judged, crate::runner::RunError> {
     let stdout_path = art
         .put(
             &format!("logs/{label}.stdout"),

@@ -171,7 +171,7 @@ pub async fn run_gates(
     params: &Value,
     session: &dyn Session,
     art: &mut Artifacts<'_>,
-) -> Result<StepOutcome, crate::blobs::BlobError> {
+) -> Result<StepOutcome, crate::runner::RunError> {
     let p: GatesParams = match read_params(params) {
         Ok(p) => p,
         Err(o) => return Ok(o),

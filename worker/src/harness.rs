@@ -6,7 +6,7 @@
 
 use crate::blobs::Blobs;
 use crate::git::Worktree;
-use crate::sandbox::{ExecOutput, Session};
+use crate::sandbox::Session;
 use crate::verify::{bad_params, default_timeout, python};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -100,7 +100,7 @@ impl Artifacts<'_> {
     }
 }
 
-type StepResult = Result<StepOutcome, crate::blobs::BlobError>;
+type StepResult = Result<StepOutcome, crate::runner::RunError>;
 
 /// The op's parameters (the node's `with`, evaluated), read into its own type; a parameter of
 /// the wrong type is a clear `bad parameters` error, never a silent default.
@@ -312,15 +312,11 @@ pub(crate) async fn run_logged(
     timeout: Duration,
     label: &str,
     art: &mut Artifacts<'_>,
-) -> Result<CmdResult, crate::blobs::BlobError> {
-    let out = match session.exec(argv, None, timeout).await {
-        Ok(o) => o,
-        Err(e) => ExecOutput {
-            exit_code: 127,
-            stderr: e.to_string().into_bytes(),
-            ..Default::default()
-        },
-    };
+) -> Result<CmdResult, crate::runner::RunError> {
+    // A sandbox that fails the exec (a container gone, Docker unreachable) is an
+    // infrastructure failure of the job, never the command's exit code: a verdict made of it
+    // would be kept by the step cache and served to every later run with the same inputs.
+    let out = session.exec(argv, None, timeout).await?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if out.timed_out {

@@ -95,6 +95,11 @@ impl Incoming {
 
 #[async_trait]
 pub trait Broker: Send + Sync {
+    /// The server this broker reaches (`rabbitmq`) and whether it answered last; `None` for
+    /// a broker with nothing to reach (in memory).
+    fn dependency(&self) -> Option<(&'static str, bool)> {
+        None
+    }
     /// Publishes a persistent message and returns once the broker confirmed it.
     async fn publish(
         &self,

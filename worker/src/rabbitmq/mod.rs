@@ -12,6 +12,8 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use shared::ports::PortError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Mutex};
 use tracing::info;
@@ -23,6 +25,9 @@ use reconnect::Outage;
 
 /// Longest wait for the broker's confirms of one publish.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a connection (TCP and the AMQP handshake): a broker that accepts but does
+/// not answer (paused, or behind a dropped link) is an error to retry, not a loop that hangs.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Settles a delivery on the channel it came from (RabbitMQ holds the message itself).
 struct AmqpAcker(lapin::acker::Acker);
@@ -61,6 +66,8 @@ pub struct RabbitBroker {
     /// How long a job waits in its image's queue for a holder; none: this process subscribes
     /// to no image queue (its jobs of an image still go to the image's holders).
     affinity_wait: Option<Duration>,
+    /// Whether the broker answered: kept by the publishes and every consumer's loop.
+    up: Arc<AtomicBool>,
 }
 
 fn conn_err(e: impl std::fmt::Display) -> PortError {
@@ -68,9 +75,17 @@ fn conn_err(e: impl std::fmt::Display) -> PortError {
 }
 
 async fn connect(uri: &str) -> Result<Connection, PortError> {
-    Connection::connect(uri, ConnectionProperties::default())
-        .await
-        .map_err(conn_err)
+    match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        Connection::connect(uri, ConnectionProperties::default()),
+    )
+    .await
+    {
+        Ok(conn) => conn.map_err(conn_err),
+        Err(_) => Err(PortError::Connection(format!(
+            "the broker did not answer a connect within {CONNECT_TIMEOUT:?}"
+        ))),
+    }
 }
 
 /// Declares the namespace's queues (idempotent; run after every reconnect).
@@ -131,6 +146,7 @@ impl RabbitBroker {
             namespace: namespace.to_string(),
             publish: Mutex::new(None),
             affinity_wait: None,
+            up: Arc::new(AtomicBool::new(true)),
         };
         broker.publish_channel().await?;
         Ok(broker)
@@ -161,7 +177,13 @@ impl RabbitBroker {
     }
 
     async fn drop_publish_channel(&self) {
+        self.up.store(false, Ordering::Relaxed);
         *self.publish.lock().await = None;
+    }
+
+    /// A publish went through: the broker answers.
+    fn answered(&self) {
+        self.up.store(true, Ordering::Relaxed);
     }
 }
 
@@ -187,8 +209,9 @@ impl Broker for RabbitBroker {
             Ok(())
         }
         .await;
-        if outcome.is_err() {
-            self.drop_publish_channel().await;
+        match outcome {
+            Ok(()) => self.answered(),
+            Err(_) => self.drop_publish_channel().await,
         }
         outcome
     }
@@ -243,8 +266,9 @@ impl Broker for RabbitBroker {
             Ok(())
         }
         .await;
-        if outcome.is_err() {
-            self.drop_publish_channel().await;
+        match outcome {
+            Ok(()) => self.answered(),
+            Err(_) => self.drop_publish_channel().await,
         }
         outcome
     }
@@ -270,6 +294,10 @@ impl Broker for RabbitBroker {
 
     fn subscribe(&self, queue: QueueName, prefetch: u16) -> mpsc::Receiver<Incoming> {
         self.consume(Consumed::Queue(queue), prefetch)
+    }
+
+    fn dependency(&self) -> Option<(&'static str, bool)> {
+        Some(("rabbitmq", self.up.load(Ordering::Relaxed)))
     }
 }
 
@@ -333,8 +361,9 @@ impl RabbitBroker {
                 messages.len()
             ))),
         };
-        if outcome.is_err() {
-            self.drop_publish_channel().await;
+        match outcome {
+            Ok(()) => self.answered(),
+            Err(_) => self.drop_publish_channel().await,
         }
         outcome
     }
@@ -344,8 +373,9 @@ impl RabbitBroker {
         let (tx, rx) = mpsc::channel(prefetch.max(1) as usize);
         let uri = self.uri.clone();
         let ns = self.namespace.clone();
+        let up = self.up.clone();
         tokio::spawn(async move {
-            let mut outage = Outage::default();
+            let mut outage = Outage::watching(up);
             let name = format!("consumer of {}", what.name(&ns));
             loop {
                 match consume_once(&uri, &ns, &what, prefetch, &tx, &mut outage).await {

@@ -2,13 +2,16 @@
 //! one warning per long outage.
 
 use shared::ports::PortError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// First pause before a reconnect; it doubles per failed attempt up to [`RECONNECT_CAP`].
 const RECONNECT_BASE: Duration = Duration::from_millis(200);
-/// Longest pause between two reconnect attempts.
-const RECONNECT_CAP: Duration = Duration::from_secs(10);
+/// Longest pause between two reconnect attempts: small, so a loop reconnects within about this
+/// long of the broker answering again however long it was away (issue 43: 5 s at most).
+const RECONNECT_CAP: Duration = Duration::from_secs(2);
 /// An outage that lasts this long is worth one warning (reconnects before that are expected:
 /// a broker restart, a network blip) and are logged at INFO.
 const LONG_OUTAGE: Duration = Duration::from_secs(30);
@@ -45,11 +48,28 @@ pub(super) struct Outage {
     attempt: u32,
     since: Option<Instant>,
     warned: bool,
+    /// The process's view of whether the broker is reachable, kept by this loop too.
+    up: Option<Arc<AtomicBool>>,
 }
 
 impl Outage {
+    /// An outage tracker that also keeps `up` (false while this loop has no connection).
+    pub(super) fn watching(up: Arc<AtomicBool>) -> Self {
+        Outage {
+            up: Some(up),
+            ..Outage::default()
+        }
+    }
+
+    fn set_up(&self, value: bool) {
+        if let Some(up) = &self.up {
+            up.store(value, Ordering::Relaxed);
+        }
+    }
+
     /// A connection attempt failed or a live connection broke: logs and returns the pause.
     pub(super) fn failed(&mut self, what: &str, error: &PortError) -> Duration {
+        self.set_up(false);
         let since = *self.since.get_or_insert_with(Instant::now);
         let delay = reconnect_delay(self.attempt, jitter());
         self.attempt = self.attempt.saturating_add(1);
@@ -75,6 +95,7 @@ impl Outage {
 
     /// The connection is up again: the next outage starts from the first pause.
     pub(super) fn connected(&mut self, what: &str) {
+        self.set_up(true);
         if let Some(since) = self.since.take() {
             info!(
                 attempts = self.attempt,
@@ -137,5 +158,15 @@ mod tests {
         assert_eq!(o.attempt, 0);
         assert!(o.since.is_none());
         assert!(o.failed("test", &err) <= Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_watching_outage_keeps_the_up_flag() {
+        let up = Arc::new(AtomicBool::new(true));
+        let mut o = Outage::watching(up.clone());
+        o.failed("test", &PortError::Connection("refused".into()));
+        assert!(!up.load(Ordering::Relaxed));
+        o.connected("test");
+        assert!(up.load(Ordering::Relaxed));
     }
 }

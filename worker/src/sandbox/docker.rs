@@ -183,6 +183,7 @@ impl DockerSandbox {
             gateway: spec.gateway_dir.is_some(),
             user: self.user.clone(),
         };
+        crate::faults::point("docker.after_create").await;
         if let Err(e) = self
             .docker
             .start_container::<String>(&session.id, None)
@@ -341,6 +342,29 @@ impl DockerSession {
     }
 }
 
+impl DockerSession {
+    /// An exec's end is the command's only while its container still runs: a container that
+    /// stopped under it (killed, removed, the daemon restarted) ended the command, and what the
+    /// command left (an exit code of 137, a cut output) is an infrastructure failure to retry,
+    /// never a verdict (issue 43: one was kept by the step cache).
+    async fn still_running(&self) -> Result<(), SandboxError> {
+        let running = match self.docker.inspect_container(&self.id, None).await {
+            Ok(c) => c.state.and_then(|s| s.running).unwrap_or(false),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if running {
+            return Ok(());
+        }
+        Err(SandboxError::Engine {
+            message: "the container stopped during the exec".into(),
+            transient: true,
+        })
+    }
+}
+
 #[async_trait]
 impl Session for DockerSession {
     async fn exec(
@@ -350,6 +374,7 @@ impl Session for DockerSession {
         timeout: Duration,
     ) -> Result<ExecOutput, SandboxError> {
         let started = Instant::now();
+        crate::faults::point("docker.before_exec").await;
         let exec = self
             .docker
             .create_exec(
@@ -373,6 +398,7 @@ impl Session for DockerSession {
                     mut output,
                     mut input,
                 } => {
+                    crate::faults::point("docker.in_exec").await;
                     if let Some(bytes) = stdin {
                         input.write_all(&bytes).await?;
                         input.shutdown().await?;
@@ -404,11 +430,9 @@ impl Session for DockerSession {
             let _ = self.docker.kill_container::<String>(&self.id, None).await;
             124
         } else {
-            self.docker
-                .inspect_exec(&exec.id)
-                .await?
-                .exit_code
-                .unwrap_or(-1)
+            let code = self.docker.inspect_exec(&exec.id).await?.exit_code;
+            self.still_running().await?;
+            code.unwrap_or(-1)
         };
         Ok(ExecOutput {
             exit_code,

@@ -135,7 +135,7 @@ pub async fn check_build(
     root: &Path,
     session: &dyn Session,
     art: &mut Artifacts<'_>,
-) -> Result<StepOutcome, crate::blobs::BlobError> {
+) -> Result<StepOutcome, crate::runner::RunError> {
     #[derive(Deserialize)]
     struct BuildParams {
         build_command: String,
