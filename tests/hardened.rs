@@ -2,9 +2,12 @@
 //! example (`examples/hardened-coder`): the review shows the list's statistics and warnings and
 //! coding waits for a person; claims are read from feature_list.json on disk, and a coder that
 //! rewrites a feature's steps or deletes a feature is refused and reverted; every claim goes to
-//! a verifier in its own container on a clean checkout; a refuted claim is set back on disk with
-//! the reason in the next session's prompt, then fixed and verified; a claim whose verifications
-//! disagree goes to quarantine, where a person approves it through `fleet quarantine`.
+//! a verifier in its own container on a clean checkout, with the app the harness started and
+//! the browser only; a verifier's pass stands only on the feature's steps, one to one, each
+//! with a screenshot it took (one that passes a 4-step feature with an invented step is void);
+//! a refuted claim is set back on disk with the reason in the next session's prompt, then fixed
+//! and verified; a claim whose verifications disagree goes to quarantine, with its evidence and
+//! the claiming session, where a person approves it through `fleet quarantine`.
 
 #[path = "hardened/budget.rs"]
 mod budget;
@@ -116,21 +119,37 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     let approve = stack.cli(&["approve", &run, "approve_features", "--by", "ana"])?;
     assert_eq!(approve.code, 0, "{}", approve.stderr);
 
-    // Nothing is left but feature 4, whose verifications disagreed: it waits for a person.
+    // Nothing is left but features 1 and 4, whose verifications disagreed: they wait for a
+    // person, each with the screenshots that back it and the session that claimed it.
     awaiting(&stack, &run, "quarantine_review").await?;
     let listed = stack.cli(&["quarantine", "list", &run])?;
-    assert_eq!(listed.code, 0, "{}", listed.stderr);
-    assert!(listed.stdout.starts_with("4  "), "{}", listed.stdout);
+    assert_eq!(listed.code, 0, "{}", listed.stdout);
+    let lines: Vec<&str> = listed.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", listed.stdout);
+    assert!(lines[0].starts_with("1  "), "{}", listed.stdout);
+    assert!(lines[1].starts_with("4  "), "{}", listed.stdout);
+    for line in &lines {
+        assert!(line.contains("\"status\":\"quarantined\""), "{line}");
+    }
     assert!(
-        listed.stdout.contains("\"status\":\"quarantined\""),
-        "{}",
-        listed.stdout
+        lines[1].contains("the count reads 2 items"),
+        "{line}",
+        line = lines[1]
     );
-    assert!(
-        listed.stdout.contains("the count reads 2 items"),
-        "{}",
-        listed.stdout
-    );
+    let details: Value = serde_json::from_str(lines[0].trim_start_matches("1  ").trim())?;
+    assert_eq!(details["claimed_session"], 1, "{details}");
+    let shots: Vec<&str> = details["evidence"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|p| {
+            p.contains("/verify_again_") && p.contains("/screenshots/") && p.ends_with(".png")
+        })
+        .collect();
+    assert_eq!(shots.len(), 4, "one screenshot per step: {details}");
+    let four: Value = serde_json::from_str(lines[1].trim_start_matches("4  ").trim())?;
+    assert_eq!(four["claimed_session"], 2, "{four}");
     let wrong = stack.cli(&["quarantine", "approve", &run, "2"])?;
     assert_ne!(wrong.code, 0, "feature 2 is not in quarantine");
     assert!(
@@ -150,6 +169,27 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     ])?;
     assert_eq!(approve.code, 0, "{}", approve.stderr);
     assert_eq!(approve.stdout.trim(), "4: approved");
+    // Settled at once; 1 still waits.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stack.get(&format!("/v1/runs/{run}")).await?["visits"]["settle"] != 3 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the decision on 4 was never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    awaiting(&stack, &run, "quarantine_review").await?;
+    let approve = stack.cli(&[
+        "quarantine",
+        "approve",
+        &run,
+        "1",
+        "--by",
+        "ana",
+        "--comment",
+        "the second verifier's screenshots show it",
+    ])?;
+    assert_eq!(approve.code, 0, "{}", approve.stderr);
 
     let status = stack.wait_run(&run, Duration::from_secs(300)).await?;
     let result = stack.get(&format!("/v1/runs/{run}/result")).await?["result"].clone();
@@ -164,17 +204,43 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     let refused = first["refused"].to_string();
     assert!(refused.contains("steps rewritten"), "{refused}");
     assert!(refused.contains("deleted"), "{refused}");
-    // The verifier of feature 1 started the app from its own checkout (init.sh) and read the
-    // page it serves, inside its container.
-    let mut fetched = false;
-    for visit in 1..=2 {
-        let t = stack
-            .node_artifact_json(&run, "verify", visit, "transcript.json")
-            .await?
-            .to_string();
-        fetched |= t.contains("<title>To-do</title>") && t.contains("sh init.sh");
+    // The first verifier of feature 1 passed the 4-step feature on one invented step and no
+    // screenshot: the harness voided its answer, so it never counted as a pass.
+    let lie = status["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|j| j["node"] == "verify" && j["status"] == "output_invalid")
+        .cloned()
+        .unwrap_or_default();
+    let error = lie["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("step 1: `step 1` is not the feature's step `Step 1: Navigate to http://127.0.0.1:8765/`"),
+        "{status}"
+    );
+    let round1 = stack
+        .node_artifact_json(&run, "settle", 1, "settle_claims.json")
+        .await?;
+    assert_eq!(round1["verdicts"]["1"], "quarantined", "{round1}");
+    assert_eq!(round1["verdicts"]["2"], "refuted", "{round1}");
+    // Every verifier had the browser only, on the app the harness started in its container.
+    for node in ["verify", "verify_again"] {
+        let n = status["visits"][node].as_u64().unwrap_or_default() as u32;
+        assert!(n >= 1, "{status}");
+        for visit in 1..=n {
+            let started = stack
+                .node_artifact_text(&run, node, visit, "logs/setup.stdout")
+                .await?;
+            assert!(started.contains("http://127.0.0.1:8765/"), "{started}");
+            let t = stack
+                .node_artifact_json(&run, node, visit, "transcript.json")
+                .await?
+                .to_string();
+            for tool in ["run_command", "read_file", "list_dir"] {
+                assert!(!t.contains(&format!("\"tool\":\"{tool}\"")), "{t}");
+            }
+        }
     }
-    assert!(fetched, "no verifier read the running page");
 
     // Session 2 was told why 2 is open again and what was refused, and found the list on disk
     // as the harness left it: 1 passing, 2 set back, 3's steps and 4 restored.
@@ -200,7 +266,7 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     assert!(seen.contains("The list shows its count"), "{seen}");
 
     // Feature 2's second claim was checked in a browser: typed, clicked, read the list, and
-    // kept a screenshot as evidence.
+    // kept a screenshot after each of its five steps.
     let logs = stack.get(&format!("/v1/runs/{run}/logs")).await?;
     let mut browsed = None;
     for visit in 3..=5 {
@@ -208,21 +274,20 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
             .node_artifact_json(&run, "verify", visit, "transcript.json")
             .await?
             .to_string();
-        if t.contains("\"tool\":\"browser\"") {
+        if t.contains("f2_step5") {
             browsed = Some((visit, t));
         }
     }
-    let (visit, browser) = browsed.expect("a verifier used the browser");
+    let (visit, browser) = browsed.expect("a verifier checked feature 2 in the browser");
     assert!(browser.contains("milk"), "{browser}");
-    assert!(browser.contains("1 items"), "{browser}");
-    let shot = logs
+    let shots = logs
         .as_array()
         .into_iter()
         .flatten()
         .find(|j| j["node"] == "verify" && j["visit"] == visit)
         .and_then(|j| j["artifacts"].as_object())
-        .and_then(|a| a.keys().find(|k| k.ends_with("after_add.png")).cloned());
-    assert!(shot.is_some(), "no screenshot among {logs}");
+        .map(|a| a.keys().filter(|k| k.contains("-f2_step")).count());
+    assert_eq!(shots, Some(5), "{logs}");
 
     // Round 2: 2 and 3 verified; 4's verifications disagreed: quarantined, passes: false.
     let round2 = stack
@@ -231,15 +296,16 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     assert_eq!(round2["verdicts"]["2"], "verified", "{round2}");
     assert_eq!(round2["verdicts"]["3"], "verified", "{round2}");
     assert_eq!(round2["verdicts"]["4"], "quarantined", "{round2}");
-    assert_eq!(ids(&round2["pending"]), [4], "{round2}");
+    assert_eq!(ids(&round2["pending"]), [1, 4], "{round2}");
     let four = round2["features"]
         .as_array()
         .and_then(|l| l.iter().find(|f| f["id"] == 4));
     assert_eq!(four.map(|f| f["passes"].clone()), Some(json!(false)));
-    // The person's approval released the hold: settled at once, and the run is done.
+    // Each approval released the hold: settled at once, and the run is done.
     let settle = &outputs["settle"]["output"];
-    assert_eq!(status["visits"]["settle"], 3, "{status}");
+    assert_eq!(status["visits"]["settle"], 4, "{status}");
     assert_eq!(settle["states"]["4"]["status"], "approved", "{settle}");
+    assert_eq!(settle["states"]["1"]["status"], "approved", "{settle}");
     assert_eq!(settle["states"]["2"]["reverts"], 1, "{settle}");
     assert_eq!(settle["states"]["2"]["attempts"], 2, "{settle}");
     assert!(settle["features"]
@@ -249,10 +315,10 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
         .all(|f| f["passes"] == true));
     let metrics = &settle["metrics"];
     assert_eq!(metrics["claims"], 5, "{metrics}");
-    assert_eq!(metrics["verified"], 3, "{metrics}");
+    assert_eq!(metrics["verified"], 2, "{metrics}");
     assert_eq!(metrics["reverts"], 1, "{metrics}");
-    assert_eq!(metrics["quarantined"], 1, "{metrics}");
-    assert_eq!(metrics["human_decisions"], 1, "{metrics}");
+    assert_eq!(metrics["quarantined"], 2, "{metrics}");
+    assert_eq!(metrics["human_decisions"], 2, "{metrics}");
     assert_eq!(result["exit"], "done", "{result}");
     assert_eq!(status["status"], "succeeded", "{status}");
     assert_eq!(status["quarantine"]["4"][0]["by"], "ana", "{status}");
@@ -269,12 +335,12 @@ async fn claims_come_from_disk_and_stand_only_when_an_independent_verifier_confi
     assert_eq!(count("claim"), 5, "{log}");
     assert_eq!(count("edit_refused"), 2, "{log}");
     assert_eq!(count("revert"), 1, "{log}");
-    assert_eq!(count("quarantine"), 1, "{log}");
+    assert_eq!(count("quarantine"), 2, "{log}");
     assert!(count("verification") >= 4, "{log}");
     assert!(count("gate_pass") >= 1, "{log}");
     assert!(
-        count("decision") >= 2,
-        "the approval and the quarantine's: {log}"
+        count("decision") >= 3,
+        "the approval and the quarantine's two: {log}"
     );
     assert!(log.contains(r#""item":"4""#), "{log}");
     // Every tool call of the sessions went through the resilient executor: the initializer's

@@ -2,8 +2,10 @@
 //! (`examples/v3-tree`): a three-module spec whose Scaffold spawns two children, one of which
 //! spawns its own; TDD's tests must fail on each skeleton and pass on each implementation (the
 //! harness runs them); a sibling's MergeComplete starts a Rebaser in the sibling still
-//! running; a child that asks for a retry five times is Stuck and its parent judges it; a
-//! child whose work passes its own tests but misses its criteria is rejected by the parent;
+//! running; a child that asks for a retry five times is Stuck, and its parent's approval of it
+//! does not take it (the harness decides); each Impl attempt is shown the last one's failing
+//! tests, the review's critique and its last strategy; a child whose work passes its own
+//! tests but misses its criteria is rejected by the parent;
 //! siblings that collide fail their rebase and send the parent back to its Scaffold; a sibling
 //! that renames an interface makes the other adapt, mechanically, after its rebase.
 
@@ -140,7 +142,8 @@ async fn a_stuck_child_a_child_missing_its_criteria_and_colliding_siblings_are_j
 ) -> anyhow::Result<()> {
     let stack = Stack::start("v3judge", 2, &[]).await?;
 
-    // Five RequestRetry: the sixth entry is Stuck; the parent judges the stuck child.
+    // Five RequestRetry: the sixth entry is Stuck; the parent's judge approves the stuck child,
+    // and the harness does not take it. Each retry's prompt names the strategy before it.
     let (status, runs) = run(&stack, "stuck").await?;
     assert_eq!(status["status"], "failed", "{status}");
     let mult = of(&runs, "multiplier")[0];
@@ -148,12 +151,44 @@ async fn a_stuck_child_a_child_missing_its_criteria_and_colliding_siblings_are_j
     assert_eq!(mult["result"]["exit"], "stuck", "{mult}");
     let calc = of(&runs, "calc")[0];
     assert_eq!(calc["result"]["exit"], "child_rejected", "{calc}");
+    let child = mult["run_id"].as_str().unwrap_or_default();
+    let fifth = stack
+        .node_artifact_text(child, "impl", 5, "prompt.md")
+        .await?;
+    assert!(
+        fifth.contains("The strategy your last retry named: attempt 4"),
+        "{fifth}"
+    );
 
     // The child's wrong implementation passes its own tests; the parent rejects it.
     let (status, runs) = run(&stack, "rejected").await?;
     assert_eq!(status["status"], "failed", "{status}");
-    assert_eq!(of(&runs, "multiplier")[0]["status"], "succeeded");
+    let mult = of(&runs, "multiplier")[0];
+    assert_eq!(mult["status"], "succeeded", "{mult}");
     assert_eq!(of(&runs, "calc")[0]["result"]["exit"], "child_rejected");
+    // Its first claim failed the harness's run: the next attempt was shown the failing tests;
+    // the review sent the second back: the third was shown the critique.
+    assert_eq!(mult["visits"]["impl"], 3, "{mult}");
+    let child = mult["run_id"].as_str().unwrap_or_default();
+    let second = stack
+        .node_artifact_text(child, "impl", 2, "prompt.md")
+        .await?;
+    assert!(
+        second.contains("these failed")
+            && second.contains("test_mul")
+            && second.contains("test_zero"),
+        "{second}"
+    );
+    let third = stack
+        .node_artifact_text(child, "impl", 3, "prompt.md")
+        .await?;
+    assert!(
+        third.contains(
+            "The review sent your last attempt back: mul special-cases a == 0: compute it"
+        ),
+        "{third}"
+    );
+    assert!(!third.contains("these failed"), "{third}");
 
     // Both children write `ops.py`: the one merging second conflicts on its rebase, the
     // parent re-plans once, and then escalates.

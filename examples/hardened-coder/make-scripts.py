@@ -6,10 +6,15 @@
   init.sh and the app;
 - session 1 builds the page with a bug in adding, claims features 1 and 2, and cheats: it
   rewrites the steps of feature 3 and deletes feature 4 (both refused and reverted);
-- the verifier confirms 1 (after starting the app from its own checkout and fetching the page)
-  and refutes 2 twice: 2 is set back to passes: false, with the reason for the next session;
-- session 2 reads the list on disk, fixes adding and claims 2, 3 and 4; the verifier confirms
-  2 (in a browser: it types 'milk', clicks Add, reads the list and keeps a screenshot) and 3; on 4 it fails once, then passes: the votes disagree, 4 goes to quarantine.
+- the harness starts the app (init.sh) in each verifier's container; the verifiers have the
+  browser only, and each step of a feature is answered with its own screenshot;
+- the first verifier of 1 lies: it passes the 4-step feature with one invented step and no
+  screenshot; the harness voids its answer, the second verifier passes it: the votes disagree,
+  1 goes to quarantine; the verifier refutes 2 twice: 2 is set back to passes: false, with the
+  reason for the next session;
+- session 2 reads the list on disk, fixes adding and claims 2, 3 and 4 (1 waits in quarantine); the verifier confirms
+  2 (it types 'milk', clicks Add, reads the list) and 3; on 4 it fails once, then passes: the
+  votes disagree, 4 goes to quarantine.
 
 Run it from anywhere; it writes next to itself.
 """
@@ -115,29 +120,64 @@ def session_one_list():
     return out
 
 
-def verification(passes, reason, steps=1, shot=None):
-    # `shot`: the screenshot the steps cite, one the verifier must have taken (the graph's
-    # `evidence:` check).
+URL = "http://127.0.0.1:8765/"
+
+# What a user does for each step of a feature, in the browser (the first step is the page
+# opening at the URL); every step is followed by its screenshot, `f<id>_step<n>`.
+ACTIONS = {
+    1: [[], [{"text": "title"}], [{"text": "h1"}], [{"text": "#item"}]],
+    2: [[], [{"type": {"selector": "#item", "text": "milk"}}], [{"click": "#add"}],
+        [{"text": "#items"}], [{"text": "#item"}]],
+    3: [[], [{"click": "#add"}], [{"text": "#error"}], [{"text": "#items"}]],
+    4: [[{"type": {"selector": "#item", "text": "a"}}, {"click": "#add"},
+         {"type": {"selector": "#item", "text": "b"}}, {"click": "#add"}],
+        [{"text": "#count"}]],
+}
+
+
+def browse(feature):
+    """One browser call doing the feature's steps, a screenshot after each."""
+    actions = []
+    for n, step in enumerate(ACTIONS[feature], 1):
+        actions += step + [{"screenshot": f"f{feature}_step{n}"}]
+    return {"name": "browser", "input": {"url": URL, "actions": actions}}
+
+
+def verification(feature, passes, reason, failed_at=None):
+    """The seed's answer: the feature's steps one to one, each with its screenshot (a failing
+    answer stops at the step that failed)."""
+    steps = FEATURES[feature - 1]["steps"]
+    if failed_at is not None:
+        steps = steps[:failed_at]
     return {
         "test_passes": passes,
-        "steps": [{"step_number": i, "step_text": f"step {i}",
-                   "result": "pass" if passes else "fail", "screenshot": shot,
+        "steps": [{"step_number": i, "step_text": text,
+                   "result": "fail" if i == failed_at else "pass",
+                   "screenshot": f"f{feature}_step{i}",
                    "observation": reason, "reasoning": reason}
-                  for i in range(1, steps + 1)],
+                  for i, text in enumerate(steps, 1)],
         "overall_reasoning": reason,
         "failure_reason": None if passes else reason,
     }
 
 
-FETCH = ("python3 -c \"import urllib.request; "
-         "print(urllib.request.urlopen('http://127.0.0.1:8765/').read().decode()[:120])\"")
+def verifier(feature, rnd, passes, reason, failed_at=None):
+    return {"when": {"feature_id": feature, "round": rnd},
+            "tool_calls": [browse(feature)],
+            "output": verification(feature, passes, reason, failed_at)}
+
+
+def lying_verifier(feature, rnd):
+    """Passes the feature on its word: one invented step, no browser, no screenshot."""
+    return {"when": {"feature_id": feature, "round": rnd},
+            "output": {"test_passes": True,
+                       "steps": [{"step_number": 1, "step_text": "step 1", "result": "pass",
+                                  "screenshot": None, "observation": "looks right",
+                                  "reasoning": "looks right"}],
+                       "overall_reasoning": "looks right", "failure_reason": None}}
 
 
 def story():
-    def verifier(feature, rnd, passes, reason, commands=(), shot=None):
-        return {"when": {"feature_id": feature, "round": rnd}, "commands": list(commands),
-                "output": verification(passes, reason, shot=shot)}
-
     return {
         "initializer": [{
             "files": {"feature_list.json": feature_list(FEATURES), "init.sh": INIT,
@@ -150,24 +190,19 @@ def story():
              "output": {"summary": "heading and adding done", "claimed": [1, 2, 3, 4]}},
             {"commands": ["cat feature_list.json"],
              "files": {"app/index.html": PAGE,
-                       "feature_list.json": feature_list(claimed(FEATURES, [1, 2, 3, 4]))},
+                       "feature_list.json": feature_list(claimed(FEATURES, [2, 3, 4]))},
              "output": {"summary": "adding fixed; error and count done", "claimed": [2, 3, 4]}},
         ],
         "verify": [
-            verifier(1, 1, True, "the heading reads To-do", ["sh init.sh", FETCH]),
-            verifier(2, 1, False, "after Add, the list with id 'items' has no entry"),
-            dict(verifier(2, 2, True, "milk is in the list", shot="after_add"),
-                 commands=["sh init.sh"],
-                 tool_calls=[{"name": "browser", "input": {
-                     "url": "http://127.0.0.1:8765/",
-                     "actions": [{"type": {"selector": "#item", "text": "milk"}},
-                                 {"click": "#add"}, {"text": "#items"}, {"text": "#count"},
-                                 {"screenshot": "after_add"}]}}]),
+            lying_verifier(1, 1),
+            verifier(2, 1, False, "after Add, the list with id 'items' has no entry", 4),
+            verifier(2, 2, True, "milk is in the list"),
             verifier(3, 2, True, "the error reads Item is empty"),
-            verifier(4, 2, False, "the count was not visible in time"),
+            verifier(4, 2, False, "the count was not visible in time", 2),
         ],
         "verify_again": [
-            verifier(2, 1, False, "again: 'milk' went into the error paragraph"),
+            verifier(1, 1, True, "the heading reads To-do"),
+            verifier(2, 1, False, "again: 'milk' went into the error paragraph", 4),
             verifier(4, 2, True, "the count reads 2 items"),
         ],
     }

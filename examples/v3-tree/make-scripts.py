@@ -43,9 +43,20 @@ def dump(name,s):
     json.dump(s,open(name,"w"),indent=1); open(name,"a").write("\n")
 dump("script-happy.json",script())
 retry=[{"output":{"decision":"request_retry","strategy":f"attempt {i}"}} for i in range(1,6)]
-dump("script-stuck.json",script(judge_of={"multiplier":{"verdict":"reject","reason":"the child is stuck","unmet_criteria":mult["acceptance_criteria"]}},impl_of={"multiplier":retry}))
-wrong=[{"files":{"multiplier.py":"def mul(a, b):\n    return a * b if a else 0\n"},"output":{"decision":"tests_passed"}}]
-dump("script-rejected.json",script(judge_of={"multiplier":{"verdict":"reject","reason":"mul(0, 5) is special-cased rather than computed","unmet_criteria":["mul(0, 5) == 0"]}},impl_of={"multiplier":wrong}))
+# The parent's judge approves the stuck child anyway: the harness does not take it.
+dump("script-stuck.json",script(judge_of={"multiplier":{"verdict":"approve","reason":"looks done to me"}},impl_of={"multiplier":retry}))
+# `multiplier`'s first claim is false, its skeleton untouched (the harness's run fails: its
+# next attempt is shown the failures); its second passes its own tests but special-cases 0, which the review critiques
+# (the next attempt is shown the critique); the parent rejects the child.
+wrong=[{"output":{"decision":"tests_passed"}},
+       {"files":{"multiplier.py":"def mul(a, b):\n    return a * b if a else 0\n"},"output":{"decision":"tests_passed"}},
+       {"output":{"decision":"tests_passed"}}]
+def rejected_script():
+    s=script(judge_of={"multiplier":{"verdict":"reject","reason":"mul(0, 5) is special-cased rather than computed","unmet_criteria":["mul(0, 5) == 0"]}},impl_of={"multiplier":wrong})
+    at=next(i for i,r in enumerate(s["review"]) if r["when"]["module"]=="multiplier")
+    s["review"].insert(at,{"when":{"module":"multiplier"},"output":{"decision":"more_tests","feedback":"mul special-cases a == 0: compute it"}})
+    return s
+dump("script-rejected.json",rejected_script())
 # Both children implement the same file `ops.py` differently: whichever merges second conflicts
 # when it rebases onto the first's MergeComplete, fails with `rebase_conflict`, and the parent
 # (judging a failed child) routes back to its Scaffold to re-plan, at most once.

@@ -205,8 +205,8 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .collect();
     jobs.sort_by(|a, b| a.published.total_cmp(&b.published));
 
-    // Every verifier's check really passed in its own container (the verdict is scripted),
-    // and its timeline: job start → first LLM request → (answer) → the check → second request
+    // Every verifier's browser call really ran in its own container (the verdict is scripted),
+    // and its timeline: job start → first LLM request → (answer) → the browser → second request
     // → (answer) → job end, from the fake's arrival times.
     let verifiers: Vec<&Job> = jobs.iter().filter(|j| j.node == "verify").collect();
     anyhow::ensure!(
@@ -221,14 +221,16 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             .node_artifact_json(&run, "verify", v.visit as u32, "transcript.json")
             .await?
             .to_string();
+        // Its browser call ran in its container and kept a screenshot per step (the harness
+        // checked them against its answer).
         let feature = app::FEATURES.iter().find(|f| {
-            let marker = serde_json::to_string(f.marker).unwrap_or_default();
-            transcript.contains(&format!("found: {}", marker.trim_matches('"')))
+            let quoted = serde_json::to_string(f.description).unwrap_or_default();
+            transcript.contains(quoted.trim_matches('"'))
         });
         let feature = match feature {
-            Some(f) if transcript.contains("exit code: 0") => f,
+            Some(f) if transcript.contains("screenshots/1-step_1.png") => f,
             _ => anyhow::bail!(
-                "verifier {} did not find its feature: {transcript}",
+                "verifier {} did not check its feature in the browser: {transcript}",
                 v.visit
             ),
         };
@@ -362,11 +364,11 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     );
     let n = verifiers.len() as f64;
     println!(
-        "| before its first LLM call (container, checkout, pre-flight, prompt) | {:.2} |",
+        "| before its first LLM call (container, checkout, pre-flight, the harness starting the app, prompt) | {:.2} |",
         timeline[0] / n
     );
     println!(
-        "| the check (`sh init.sh`, the page fetched) between its calls | {:.2} |",
+        "| the browser check (a screenshot per step) between its calls | {:.2} |",
         timeline[1] / n
     );
     println!(

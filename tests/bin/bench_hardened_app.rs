@@ -20,13 +20,12 @@ use serde_json::{json, Value};
 
 pub const URL: &str = "http://127.0.0.1:8765/";
 
-/// One feature: category, description, steps, the markup the verifier looks for, and the
+/// One feature: category, description, steps, and the
 /// page's parts for it (body, style, script).
 pub struct Feature {
     pub category: &'static str,
     pub description: &'static str,
     pub steps: [&'static str; 3],
-    pub marker: &'static str,
     html: &'static str,
     css: &'static str,
     js: &'static str,
@@ -38,7 +37,6 @@ pub const FEATURES: [Feature; 10] = [
         description: "The page shows the heading To-do",
         steps: ["Verify the page title is To-do", "Verify an h1 element reads exactly To-do",
                 "Verify no other h1 element is on the page"],
-        marker: "<h1>To-do</h1>",
         html: "<h1>To-do</h1>",
         css: "",
         js: "",
@@ -48,7 +46,6 @@ pub const FEATURES: [Feature; 10] = [
         description: "Adding an item shows it in the list",
         steps: ["Type milk into the field with id item", "Click the button Add",
                 "Verify the list with id items has one entry milk and the field is empty"],
-        marker: "id=\"items\"",
         html: "<input id=\"item\" value=\"\"><button id=\"add\">Add</button>\n<ul id=\"items\"></ul>",
         css: "",
         js: "function render() {
@@ -75,7 +72,6 @@ document.getElementById(\"add\").onclick = function () {
         description: "An empty item is refused with an error message",
         steps: ["Leave the field with id item empty", "Click the button Add",
                 "Verify the element with id error reads Item is empty and the list is empty"],
-        marker: "Item is empty",
         html: "<p id=\"error\"></p>",
         css: "#error { color: #b00; }",
         js: "check = function (v) {
@@ -88,7 +84,6 @@ document.getElementById(\"add\").onclick = function () {
         description: "The footer counts the items",
         steps: ["Add the items a and b", "Verify the element with id count reads 2 items",
                 "Add the item c and verify it reads 3 items"],
-        marker: "id=\"count\"",
         html: "<p id=\"count\">0 items</p>",
         css: "",
         js: "after.push(function () {
@@ -100,7 +95,6 @@ document.getElementById(\"add\").onclick = function () {
         description: "Each entry has a Delete button that removes it",
         steps: ["Add the items a and b", "Click the Delete button of the entry a",
                 "Verify the list has one entry b"],
-        marker: "className = \"delete\"",
         html: "",
         css: ".delete { margin-left: 1em; }",
         js: "hooks.push(function (li, t, i) {
@@ -116,7 +110,6 @@ document.getElementById(\"add\").onclick = function () {
         description: "A checkbox marks an entry done",
         steps: ["Add the item milk", "Click the checkbox of the entry milk",
                 "Verify the checkbox is checked"],
-        marker: "c.type = \"checkbox\"",
         html: "",
         css: "",
         js: "hooks.push(function (li, t) {
@@ -132,7 +125,6 @@ document.getElementById(\"add\").onclick = function () {
         description: "Clear completed removes the done entries",
         steps: ["Add the items a and b and check a",
                 "Click the button with id clear-completed", "Verify the list has one entry b"],
-        marker: "id=\"clear-completed\"",
         html: "<button id=\"clear-completed\">Clear completed</button>",
         css: "",
         js: "document.getElementById(\"clear-completed\").onclick = function () {
@@ -145,7 +137,6 @@ document.getElementById(\"add\").onclick = function () {
         description: "Filters show all, active or done entries",
         steps: ["Add the items a and b and check a", "Click the button with id filter-active",
                 "Verify only b is visible"],
-        marker: "id=\"filter-active\"",
         html: "<nav><button id=\"filter-all\">All</button><button id=\"filter-active\">Active</button><button id=\"filter-done\">Done</button></nav>",
         css: "",
         js: "var filter = \"all\";
@@ -161,7 +152,6 @@ hooks.push(function (li, t) {
         description: "Entries survive a reload of the page",
         steps: ["Add the item milk", "Reload the page",
                 "Verify the list with id items still has the entry milk"],
-        marker: "localStorage.setItem",
         html: "",
         css: "",
         js: "after.push(function () { localStorage.setItem(\"todos\", JSON.stringify(todos)); });
@@ -173,7 +163,6 @@ render();",
         description: "Done entries are struck through",
         steps: ["Add the item milk", "Check the entry milk",
                 "Verify the entry milk is shown with a line through it"],
-        marker: "text-decoration: line-through",
         html: "",
         css: "li.done { text-decoration: line-through; }",
         js: "hooks.push(function (li, t) { li.classList.toggle(\"done\", t.done); });",
@@ -206,13 +195,6 @@ done
 echo http://127.0.0.1:8765/
 "#;
 
-/// The check a verifier runs: the app started from its checkout, the page fetched, exit 1
-/// unless the feature's markup is in it.
-const CHECK: &str = r#"python3 -c 'import sys, urllib.request
-page = urllib.request.urlopen("http://127.0.0.1:8765/").read().decode()
-print(("found: " if sys.argv[1] in page else "missing: ") + sys.argv[1])
-sys.exit(sys.argv[1] not in page)'"#;
-
 /// The page with the features of `ids` (1-based).
 pub fn page(ids: &[usize]) -> String {
     let on = |i: &usize| ids.contains(&(i + 1));
@@ -244,18 +226,23 @@ pub fn feature_list(passing: &[usize]) -> String {
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let mut steps = vec![format!("Step 1: Navigate to {URL}")];
-            steps.extend(
-                f.steps
-                    .iter()
-                    .enumerate()
-                    .map(|(k, s)| format!("Step {}: {s}", k + 2)),
-            );
             json!({"id": i + 1, "category": f.category, "description": f.description,
-                   "steps": steps, "passes": passing.contains(&(i + 1))})
+                   "steps": steps_of(f), "passes": passing.contains(&(i + 1))})
         })
         .collect();
     serde_json::to_string_pretty(&list).expect("a list of features") + "\n"
+}
+
+/// A feature's steps as the list on disk has them.
+fn steps_of(f: &Feature) -> Vec<String> {
+    let mut steps = vec![format!("Step 1: Navigate to {URL}")];
+    steps.extend(
+        f.steps
+            .iter()
+            .enumerate()
+            .map(|(k, s)| format!("Step {}: {s}", k + 2)),
+    );
+    steps
 }
 
 /// The features each of `sessions` coding sessions claims: consecutive shares of the ten.
@@ -290,13 +277,6 @@ fn write(path: &str, content: String) -> ScriptedReply {
 
 fn command(command: String) -> ScriptedReply {
     ScriptedReply::tool_use("run_command", json!({"command": command}))
-}
-
-/// The verifier's shell command for feature `n` (1-based).
-pub fn check_command(n: usize) -> String {
-    let marker = FEATURES[n - 1].marker;
-    assert!(!marker.contains('\''), "a marker fits in single quotes");
-    format!("sh init.sh >/dev/null && {CHECK} '{marker}'")
 }
 
 /// Every agent's conversation, for `sessions` coding sessions.
@@ -339,22 +319,29 @@ pub fn conversations(sessions: usize) -> Vec<Conversation> {
             ],
         ));
     }
-    for (i, f) in FEATURES.iter().enumerate() {
-        let observation = format!("found {} in the page served from the checkout", f.marker);
-        let steps: Vec<Value> = (1..=f.steps.len() + 1)
-            .map(|k| {
-                json!({"step_number": k, "step_text": format!("step {k}"), "result": "pass",
-                       "screenshot": null, "observation": observation,
-                       "reasoning": "the page the app serves has the feature's markup"})
+    for f in FEATURES.iter() {
+        // The seed's verifier: the page the harness started, in the browser, a screenshot
+        // after each of the feature's steps, each step answered as written.
+        let steps = steps_of(f);
+        let observation = "the page the app serves shows the feature".to_string();
+        let mut actions = vec![json!({"text": "body"})];
+        actions.extend((1..=steps.len()).map(|k| json!({"screenshot": format!("step_{k}")})));
+        let answered: Vec<Value> = steps
+            .iter()
+            .enumerate()
+            .map(|(k, text)| {
+                json!({"step_number": k + 1, "step_text": text, "result": "pass",
+                       "screenshot": format!("step_{}", k + 1), "observation": observation,
+                       "reasoning": "the step as written, seen in the browser"})
             })
             .collect();
         convs.push(Conversation::new(
             f.description,
             vec![
-                command(check_command(i + 1)),
+                ScriptedReply::tool_use("browser", json!({"url": URL, "actions": actions})),
                 ScriptedReply::tool_use(
                     "submit",
-                    json!({"test_passes": true, "steps": steps,
+                    json!({"test_passes": true, "steps": answered,
                            "overall_reasoning": observation, "failure_reason": null}),
                 ),
             ],

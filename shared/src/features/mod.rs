@@ -8,6 +8,7 @@ mod claims;
 pub mod events;
 mod review;
 mod settle;
+mod steps;
 #[cfg(test)]
 mod tests;
 
@@ -17,6 +18,7 @@ pub use settle::{
     settle, Claim, FeatureState, FeatureStatus, HumanDecision, Metrics, Settled, Verdict,
     VerifierVote,
 };
+pub use steps::{check_answer, StepsError};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

@@ -15,13 +15,29 @@ pub struct VerifierVote {
     pub passes: Option<bool>,
     #[serde(default)]
     pub reason: Option<String>,
+    /// The verifier job's artifacts (name → stored path): its screenshots and verification
+    /// log are the vote's evidence.
+    #[serde(default)]
+    pub artifacts: BTreeMap<String, String>,
 }
 
-/// A claim of this round with its votes, in order.
+impl VerifierVote {
+    /// The stored paths of the evidence the harness kept: screenshots and the browser log.
+    pub fn evidence(&self) -> impl Iterator<Item = &String> {
+        self.artifacts
+            .iter()
+            .filter(|(k, _)| k.starts_with("screenshots/") || *k == "verification_log.json")
+            .map(|(_, v)| v)
+    }
+}
+
+/// A claim of this round with its votes, in order, and the coder session that made it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Claim {
     pub id: u64,
     pub votes: Vec<VerifierVote>,
+    #[serde(default)]
+    pub session: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -75,6 +91,12 @@ pub struct FeatureState {
     /// The latest reason it is not accepted (a verifier's or a person's).
     #[serde(default)]
     pub reason: Option<String>,
+    /// The coder session that made its latest claim.
+    #[serde(default)]
+    pub claimed_session: Option<u32>,
+    /// The stored evidence of its latest verification (screenshots, browser logs).
+    #[serde(default)]
+    pub evidence: Vec<String>,
 }
 
 /// A person's decision on a quarantined feature.
@@ -138,6 +160,12 @@ pub fn settle(
         let state = states.entry(claim.id).or_default();
         state.attempts += 1;
         state.verifications += claim.votes.len() as u32;
+        state.claimed_session = claim.session;
+        state.evidence = claim
+            .votes
+            .iter()
+            .flat_map(|v| v.evidence().cloned())
+            .collect();
         let verdict = claim.verdict();
         verdicts.insert(claim.id, verdict);
         let reason = claim

@@ -108,12 +108,20 @@ fn vote(passes: Option<bool>, reason: &str) -> VerifierVote {
     VerifierVote {
         passes,
         reason: Some(reason.into()),
+        artifacts: BTreeMap::new(),
     }
 }
 
 #[test]
 fn verdicts_need_a_pass_or_agreeing_failures_and_doubt_goes_to_quarantine() {
-    let claim = |votes: Vec<VerifierVote>| Claim { id: 1, votes }.verdict();
+    let claim = |votes: Vec<VerifierVote>| {
+        Claim {
+            id: 1,
+            votes,
+            session: None,
+        }
+        .verdict()
+    };
     assert_eq!(claim(vec![vote(Some(true), "ok")]), Verdict::Verified);
     assert_eq!(
         claim(vec![vote(Some(false), "a"), vote(Some(false), "b")]),
@@ -144,6 +152,7 @@ fn settling_reverts_refuted_claims_on_disk_and_keeps_per_feature_state() {
         Claim {
             id: 1,
             votes: vec![vote(Some(true), "fine")],
+            session: None,
         },
         Claim {
             id: 2,
@@ -151,10 +160,12 @@ fn settling_reverts_refuted_claims_on_disk_and_keeps_per_feature_state() {
                 vote(Some(false), "no button"),
                 vote(Some(false), "still none"),
             ],
+            session: None,
         },
         Claim {
             id: 3,
             votes: vec![vote(Some(false), "slow"), vote(Some(true), "fine")],
+            session: None,
         },
     ];
     let s = settle(&l, &BTreeMap::new(), &claims, &BTreeMap::new());
@@ -186,6 +197,7 @@ fn settling_reverts_refuted_claims_on_disk_and_keeps_per_feature_state() {
     let again = vec![Claim {
         id: 2,
         votes: vec![vote(Some(true), "button there")],
+        session: None,
     }];
     let s2 = settle(&l2, &s.states, &again, &decisions);
     assert!(s2.list.iter().all(|f| f.passes));

@@ -6,8 +6,8 @@
 use super::raw::RawGraph;
 use super::CheckError;
 use super::{
-    Claims, Crosstalk, Incremental, QuarantineDef, Route, Stuck, Tool, ToolPolicy, WorktreeUse,
-    Writes,
+    Claims, Crosstalk, Incremental, QuarantineDef, Route, Stuck, Tool, ToolPolicy, VerifierPolicy,
+    WorktreeUse, Writes,
 };
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -241,6 +241,9 @@ pub struct AgentBody {
     /// Expression over `output` giving the screenshots the answer cites as evidence: each
     /// must be one this job took, or the answer is invalid (`output_invalid`).
     pub evidence: Option<String>,
+    /// Seed 004's independent verifier: the harness's setup, the answer's steps matched against
+    /// the feature's with the job's screenshots, its own model.
+    pub verifier: Option<VerifierPolicy>,
 }
 
 /// A spawn node: child runs of the same graph, one per item.

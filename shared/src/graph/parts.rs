@@ -258,3 +258,19 @@ impl ToolPolicy {
         crate::resilience::profile(name)
     }
 }
+
+/// Seed 004's independent verifier on an agent node: the harness starts what it checks
+/// (`setup`, run in its container before the agent, its output kept as `setup.log`; a failure
+/// fails the job), its answer is matched against the feature's steps (`steps`, an expression
+/// over `params`: every step answered one to one, a pass only with a screenshot the job took
+/// for each, `shared::features::check_answer`; otherwise the answer is invalid), and it may
+/// run on a model of its own (`model`, an expression over `params`; empty: the run's).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VerifierPolicy {
+    pub steps: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}

@@ -5,8 +5,8 @@
 
 use super::{
     AgentBody, Claims, Crosstalk, Defaults, GitOp, Graph, HarnessOp, Incremental, Node, NodeBody,
-    NodeKind, QuarantineDef, Route, SpawnBody, SpawnWait, Stuck, Tool, ToolPolicy, WorktreeUse,
-    Writes,
+    NodeKind, QuarantineDef, Route, SpawnBody, SpawnWait, Stuck, Tool, ToolPolicy, VerifierPolicy,
+    WorktreeUse, Writes,
 };
 use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -129,6 +129,9 @@ pub struct RawNode {
     /// Screenshots the answer cites, each one this job must have taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<String>,
+    /// Seed 004's independent verifier: its setup, steps matched, model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier: Option<VerifierPolicy>,
 
     // join
     #[serde(default)]
@@ -265,7 +268,8 @@ fn owners(field: &str) -> &'static [NodeKind] {
         | "incremental"
         | "crosstalk"
         | "tool_policy"
-        | "evidence" => &[Agent],
+        | "evidence"
+        | "verifier" => &[Agent],
         "commands" => &[Command],
         "op" => &[Harness, Git],
         "wait_for" => &[Join],
@@ -309,6 +313,7 @@ impl RawNode {
             ("crosstalk", !self.crosstalk.is_empty()),
             ("tool_policy", self.tool_policy.is_some()),
             ("evidence", self.evidence.is_some()),
+            ("verifier", self.verifier.is_some()),
             ("commands", !self.commands.is_empty()),
             ("op", self.op.is_some()),
             ("wait_for", !self.wait_for.is_empty()),
@@ -368,6 +373,7 @@ impl RawNode {
                 crosstalk: self.crosstalk,
                 tool_policy: self.tool_policy,
                 evidence: self.evidence,
+                verifier: self.verifier,
             })),
             NodeKind::Command => {
                 if self.commands.is_empty() {
@@ -526,6 +532,7 @@ impl From<Node> for RawNode {
             crosstalk: Vec::new(),
             tool_policy: None,
             evidence: None,
+            verifier: None,
             wait_for: Vec::new(),
             over: None,
             body: None,
@@ -551,6 +558,7 @@ impl From<Node> for RawNode {
                 raw.crosstalk = a.crosstalk;
                 raw.tool_policy = a.tool_policy;
                 raw.evidence = a.evidence;
+                raw.verifier = a.verifier;
             }
             NodeBody::Command { commands } => raw.commands = commands,
             NodeBody::Harness { op } => raw.op = Some(op.name().to_string()),

@@ -42,6 +42,7 @@ mod results;
 mod step;
 #[cfg(test)]
 mod tests;
+mod verifier;
 
 pub use cache::STEP_CACHE_ENV;
 pub use error::{RunError, StartError};

@@ -145,6 +145,11 @@ impl Runner {
                     super::evidence::check(agent_node, &mut out, &art.written);
                     return self.agent_done(agent_node, spec, wt, out, art).await;
                 }
+                if let Some(failed) = super::verifier::setup(agent_node, session, art).await? {
+                    return Ok((failed, Usage::default()));
+                }
+                let agent_config =
+                    super::verifier::agent_config(agent_node, spec).map_err(RunError::Permanent)?;
                 let evidence = Evidence::new(art);
                 let job = AgentJob {
                     node: spec.node.as_str(),
@@ -165,7 +170,7 @@ impl Runner {
                     invocation: None,
                     usd_left: spec.llm_usd_left,
                 };
-                let out = match (&spec.agent, gateway) {
+                let out = match (&agent_config, gateway) {
                     (AgentConfig::Command(agent), Some(gateway)) => {
                         let socket = session
                             .mounts()
@@ -186,13 +191,14 @@ impl Runner {
                             .config
                             .llm
                             .for_job(spec.run_id.as_str(), spec.team.as_deref());
-                        agent::run(job, &spec.agent, &llm, &self.http, prior).await
+                        agent::run(job, &agent_config, &llm, &self.http, prior).await
                     }
                 };
                 evidence.flush(art).await?;
                 art.events.extend(journal.take());
                 let mut out = out;
                 super::evidence::check(agent_node, &mut out, &art.written);
+                super::verifier::check(agent_node, spec, &mut out, &art.written);
                 match wt {
                     Some(wt) => self.agent_done(agent_node, spec, wt, out, art).await,
                     None => agent_output(out, art).await,

@@ -281,6 +281,17 @@ pub(super) fn check_node(
             if let Some(Err(e)) = agent.evidence.as_deref().map(expr::compile_check) {
                 e2("evidence", e.to_string());
             }
+            if let Some(v) = &agent.verifier {
+                let exprs = [Some(&v.steps), v.model.as_ref()];
+                for e in exprs.into_iter().flatten() {
+                    if let Err(e) = expr::compile_check(e) {
+                        e2("verifier", e.to_string());
+                    }
+                }
+                if v.setup.as_deref().is_some_and(|s| s.trim().is_empty()) {
+                    e2("verifier", "`setup` is an empty command".into());
+                }
+            }
             if let Some(policy) = &agent.tool_policy {
                 for (field, problem) in tool_policy_problems(policy, &agent.tools) {
                     e2(field, problem);
