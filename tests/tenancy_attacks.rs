@@ -4,7 +4,8 @@
 //! fleet's network (`tenancy/webhooks.rs`), a web page driving the open API
 //! (`tenancy/open_api.rs`), another team's run ids (`tenancy/run_ids.rs`), limits above the
 //! operator's ceilings (`tenancy/ceilings.rs`), images the operator did not allow
-//! (`tenancy/images.rs`), a zlib bomb upload (`tenancy/uploads.rs`), and the low items
+//! (`tenancy/images.rs`), a zlib bomb upload (`tenancy/uploads.rs`), a sparse file past the disk quota
+//! (`tenancy/sparse.rs`), and the low items
 //! (`tenancy/low.rs`). Each test plays the attacker and checks the attack is refused with
 //! a clear error and nothing of another team's is read, spent or stalled.
 
@@ -22,6 +23,8 @@ mod open_api;
 mod repos;
 #[path = "tenancy/run_ids.rs"]
 mod run_ids;
+#[path = "tenancy/sparse.rs"]
+mod sparse;
 #[path = "tenancy/uploads.rs"]
 mod uploads;
 #[path = "tenancy/webhooks.rs"]

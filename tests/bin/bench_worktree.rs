@@ -79,7 +79,7 @@ pub async fn run(files: usize, rounds: usize) -> anyhow::Result<()> {
         .materialize(&commit, &tmp.path().join("job-first"))
         .await?;
     let first_secs = t.elapsed().as_secs_f64();
-    let checked = worker::git::files_on_disk(&first.dir)?;
+    let checked = worker::git::paths_on_disk(&first.dir)?;
     anyhow::ensure!(
         checked.len() == files,
         "{} files checked out",

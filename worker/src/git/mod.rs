@@ -29,7 +29,9 @@ mod worktree;
 
 pub use changes::patch_changes;
 pub use mirror::{GitCache, MirrorHold};
-pub use repo::{tree_hash_on_disk, pack_commit, pack_repository, resolve_clean, RepoPack};
+pub use repo::{
+    pack_commit, pack_repository, paths_on_disk, resolve_clean, tree_hash_on_disk, RepoPack,
+};
 pub use shared_checkout::{Lease, SHARED_CHECKOUTS_ENV};
 pub use upload::{inspect_pack, UploadedCommit};
 pub use worktree::{PickOutcome, Worktree};

@@ -86,7 +86,7 @@ pub fn pack_commit(path: &Path, commit: &str) -> Result<RepoPack, GitError> {
 }
 
 /// Relative paths of every non-directory entry under `root` (links included, never followed).
-pub(super) fn paths_on_disk(root: &Path) -> Result<Vec<String>, GitError> {
+pub fn paths_on_disk(root: &Path) -> Result<Vec<String>, GitError> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
