@@ -95,3 +95,6 @@ mod fleet_requests;
 
 #[path = "providers/e2e.rs"]
 mod e2e;
+
+#[path = "providers/graphs.rs"]
+mod graphs;

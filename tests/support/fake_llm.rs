@@ -33,7 +33,9 @@ use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+mod script;
 mod strict;
+pub use script::{script_nodes, script_responder, Picker, Played};
 pub use strict::{Model, MODELS};
 
 /// Largest request body the server reads at all: above the Messages API's 32 MB, so that a
@@ -46,6 +48,9 @@ const BODY_LIMIT: usize = 64 * 1024 * 1024;
 pub enum Reply {
     /// One tool call (`stop_reason: tool_use` / `finish_reason: tool_calls`).
     ToolUse { name: String, input: Value },
+    /// Several tool calls in one turn, in order (parallel tool use: `stop_reason: tool_use`
+    /// / `finish_reason: tool_calls`).
+    Calls { calls: Vec<Call> },
     /// A plain assistant answer (`stop_reason: end_turn` / `finish_reason: stop`).
     Text { text: String },
     /// An HTTP error with the error body of the API that was called; a 429 says
@@ -56,6 +61,17 @@ pub enum Reply {
         retry_after: Option<u32>,
     },
 }
+
+/// One tool call of a [`Reply::Calls`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Call {
+    pub name: String,
+    pub input: Value,
+}
+
+/// Chooses the reply to a validated request from its body (see
+/// [`FakeLlm::start_responder`]); `None` is answered 500, naming no reply.
+pub type Responder = Box<dyn Fn(&Value) -> Option<ScriptedReply> + Send + Sync>;
 
 /// One entry of the script, with the token usage to report.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -90,6 +106,11 @@ impl ScriptedReply {
             name: name.into(),
             input,
         })
+    }
+
+    /// Several tool calls in one turn, played in order by the agent loop.
+    pub fn calls(calls: Vec<Call>) -> Self {
+        Self::new(Reply::Calls { calls })
     }
 
     pub fn text(text: impl Into<String>) -> Self {
@@ -224,6 +245,14 @@ impl FakeLlm {
         })
     }
 
+    /// Starts on an ephemeral port with no script: every validated request is answered by
+    /// `responder`, from its body (e.g. by the node whose prompt it carries).
+    pub async fn start_responder(responder: Responder) -> anyhow::Result<FakeLlm> {
+        let fake = Self::start(Vec::new()).await?;
+        *lock(&fake.shared.responder) = Some(responder);
+        Ok(fake)
+    }
+
     /// Every request received so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.requests).clone()
@@ -313,6 +342,7 @@ impl Queues {
 struct Shared {
     queues: Mutex<Queues>,
     requests: Mutex<Vec<RecordedRequest>>,
+    responder: Mutex<Option<Responder>>,
     next_id: AtomicU64,
     delay: Duration,
 }
@@ -322,6 +352,7 @@ impl Shared {
         Self {
             queues: Mutex::new(queues),
             requests: Mutex::new(Vec::new()),
+            responder: Mutex::new(None),
             next_id: AtomicU64::new(1),
             delay,
         }
@@ -420,6 +451,14 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
         Ok(model) => model,
         Err(rejection) => return (api.refusal(&rejection), None),
     };
+    if let Some(responder) = lock(&shared.responder).as_ref() {
+        let body = recorded_body(&request.body);
+        let Some(scripted) = responder(&body) else {
+            let message = "fake llm responder has no reply for this request";
+            return (api.error(StatusCode::INTERNAL_SERVER_ERROR, message), None);
+        };
+        return (play(api, shared, &model, &scripted), None);
+    }
     let prompt = first_user_text(&request.body);
     let route = {
         let mut queues = lock(&shared.queues);
@@ -454,11 +493,14 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
             return (api.error(StatusCode::INTERNAL_SERVER_ERROR, message), None);
         }
     };
-    let outcome = match Answer::of(&scripted.reply) {
+    (play(api, shared, &model, &scripted), conversation)
+}
+
+fn play(api: Api, shared: &Shared, model: &str, scripted: &ScriptedReply) -> Outcome {
+    match Answer::of(&scripted.reply) {
         Err((status, retry_after)) => api.scripted_error(status, retry_after),
-        Ok(answer) => api.success(shared.next_id(), &model, answer, &scripted),
-    };
-    (outcome, conversation)
+        Ok(answer) => api.success(shared.next_id(), model, answer, scripted),
+    }
 }
 
 /// The text of the first message whose role is `user` (a validated body):
@@ -487,6 +529,7 @@ fn first_user_text(body: &Bytes) -> Option<String> {
 #[derive(Clone, Copy)]
 enum Answer<'a> {
     ToolUse { name: &'a str, input: &'a Value },
+    Calls(&'a [Call]),
     Text(&'a str),
 }
 
@@ -495,6 +538,7 @@ impl<'a> Answer<'a> {
     fn of(reply: &'a Reply) -> Result<Self, (u16, Option<u32>)> {
         match reply {
             Reply::ToolUse { name, input } => Ok(Answer::ToolUse { name, input }),
+            Reply::Calls { calls } => Ok(Answer::Calls(calls)),
             Reply::Text { text } => Ok(Answer::Text(text)),
             Reply::Error {
                 status,
@@ -893,6 +937,17 @@ mod anthropic {
                 }]),
                 "tool_use",
             ),
+            Answer::Calls(calls) => (
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(n, c)| {
+                        json!({"type": "tool_use", "id": format!("toolu_{id}_{n}"),
+                            "name": c.name, "input": c.input})
+                    })
+                    .collect(),
+                "tool_use",
+            ),
             Answer::Text(text) => (json!([{ "type": "text", "text": text }]), "end_turn"),
         };
         json!({
@@ -1069,6 +1124,19 @@ mod openai {
                         "type": "function",
                         "function": { "name": name, "arguments": input.to_string() },
                     }],
+                }),
+                "tool_calls",
+            ),
+            Answer::Calls(calls) => (
+                json!({
+                    "role": "assistant",
+                    "content": null,
+                    "refusal": null,
+                    "tool_calls": calls.iter().enumerate().map(|(n, c)| json!({
+                        "id": format!("call_{id}_{n}"),
+                        "type": "function",
+                        "function": { "name": c.name, "arguments": c.input.to_string() },
+                    })).collect::<Vec<_>>(),
                 }),
                 "tool_calls",
             ),
