@@ -98,3 +98,6 @@ mod e2e;
 
 #[path = "providers/graphs.rs"]
 mod graphs;
+
+#[path = "providers/team_budget.rs"]
+mod team_budget;

@@ -457,7 +457,7 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
             let message = "fake llm responder has no reply for this request";
             return (api.error(StatusCode::INTERNAL_SERVER_ERROR, message), None);
         };
-        return (play(api, shared, &model, &scripted), None);
+        return (play(api, shared, &model, &scripted, request), None);
     }
     let prompt = first_user_text(&request.body);
     let route = {
@@ -493,13 +493,29 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
             return (api.error(StatusCode::INTERNAL_SERVER_ERROR, message), None);
         }
     };
-    (play(api, shared, &model, &scripted), conversation)
+    (play(api, shared, &model, &scripted, request), conversation)
 }
 
-fn play(api: Api, shared: &Shared, model: &str, scripted: &ScriptedReply) -> Outcome {
+/// Plays a scripted reply to `request`: as the providers do, it reports no more output tokens
+/// than the request's `max_tokens` (or `max_completion_tokens`) allowed.
+fn play(
+    api: Api,
+    shared: &Shared,
+    model: &str,
+    scripted: &ScriptedReply,
+    request: &Incoming,
+) -> Outcome {
+    let body = recorded_body(&request.body);
+    let cap = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64));
+    let mut scripted = scripted.clone();
+    if let Some(cap) = cap {
+        scripted.output_tokens = scripted.output_tokens.min(cap);
+    }
     match Answer::of(&scripted.reply) {
         Err((status, retry_after)) => api.scripted_error(status, retry_after),
-        Ok(answer) => api.success(shared.next_id(), model, answer, scripted),
+        Ok(answer) => api.success(shared.next_id(), model, answer, &scripted),
     }
 }
 

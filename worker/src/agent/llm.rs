@@ -23,7 +23,7 @@ pub enum LlmError {
     #[error("no price for model `{0}`: the call is not sent (price it in FLEET_PRICES)")]
     NoPrice(String),
     /// The run's budget has less left than the call's input would cost.
-    #[error("budget_exhausted: the run's budget has ${left:.6} left, not enough for another call")]
+    #[error("budget_exhausted: the run's or the team's budget has ${left:.6} left, not enough for another call")]
     Budget { left: f64 },
     /// The fleet's ledger refused the call (`budget_exhausted: …`) or could not be asked.
     #[error("{0}")]
