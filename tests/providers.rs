@@ -101,3 +101,6 @@ mod graphs;
 
 #[path = "providers/team_budget.rs"]
 mod team_budget;
+
+#[path = "providers/gateway_sdk.rs"]
+mod gateway_sdk;

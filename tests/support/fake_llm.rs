@@ -81,6 +81,11 @@ pub struct ScriptedReply {
     pub input_tokens: u64,
     #[serde(default = "default_output_tokens")]
     pub output_tokens: u64,
+    /// Anthropic's prompt-cache writes and reads, reported apart from `input_tokens`.
+    #[serde(default)]
+    pub cache_write: u64,
+    #[serde(default)]
+    pub cache_read: u64,
 }
 
 fn default_input_tokens() -> u64 {
@@ -98,7 +103,16 @@ impl ScriptedReply {
             reply,
             input_tokens: default_input_tokens(),
             output_tokens: default_output_tokens(),
+            cache_write: 0,
+            cache_read: 0,
         }
+    }
+
+    /// Reports Anthropic prompt-cache writes and reads too.
+    pub fn with_cache(mut self, cache_write: u64, cache_read: u64) -> Self {
+        self.cache_write = cache_write;
+        self.cache_read = cache_read;
+        self
     }
 
     pub fn tool_use(name: impl Into<String>, input: Value) -> Self {
@@ -977,6 +991,8 @@ mod anthropic {
             "usage": {
                 "input_tokens": usage.input_tokens,
                 "output_tokens": usage.output_tokens,
+                "cache_creation_input_tokens": usage.cache_write,
+                "cache_read_input_tokens": usage.cache_read,
             },
         })
     }
