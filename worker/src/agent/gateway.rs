@@ -489,13 +489,17 @@ async fn forward(shared: &Shared, books: &mut Books, body: &Value) -> Response<F
             });
             respond(StatusCode::OK, &reply, false)
         }
-        Err(e) => {
-            let (status, message) = match &e {
-                LlmError::Api { status, body } => (*status, body.clone()),
-                other => (502, other.to_string()),
-            };
-            refuse(shared, books, status, "api_error", message)
+        Err(LlmError::Api { status, body }) => {
+            // The provider's own error, passed on as it came (its status and its body in the
+            // API's shape), so that the program's SDK reads it as the provider's.
+            let mut resp = refuse(shared, books, status, "api_error", body.clone());
+            if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(&body) {
+                let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                resp = respond(code, &v, false);
+            }
+            resp
         }
+        Err(other) => refuse(shared, books, 502, "api_error", other.to_string()),
     }
 }
 
