@@ -104,3 +104,6 @@ mod team_budget;
 
 #[path = "providers/gateway_sdk.rs"]
 mod gateway_sdk;
+
+#[path = "providers/retries.rs"]
+mod retries;

@@ -81,6 +81,9 @@ pub struct ScriptedReply {
     pub input_tokens: u64,
     #[serde(default = "default_output_tokens")]
     pub output_tokens: u64,
+    /// An error reply's `x-should-retry` header (none unless given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub should_retry: Option<bool>,
     /// Anthropic's prompt-cache writes and reads, reported apart from `input_tokens`.
     #[serde(default)]
     pub cache_write: u64,
@@ -103,9 +106,16 @@ impl ScriptedReply {
             reply,
             input_tokens: default_input_tokens(),
             output_tokens: default_output_tokens(),
+            should_retry: None,
             cache_write: 0,
             cache_read: 0,
         }
+    }
+
+    /// An error reply that says `x-should-retry: <retry>`.
+    pub fn should_retry(mut self, retry: bool) -> Self {
+        self.should_retry = Some(retry);
+        self
     }
 
     /// Reports Anthropic prompt-cache writes and reads too.
@@ -267,6 +277,14 @@ impl FakeLlm {
         Ok(fake)
     }
 
+    /// Enforces a rate limit as the providers do: a valid request past `calls` accepted in
+    /// the last `per` is answered 429 (`rate_limit_error` / `rate_limit_exceeded`) with
+    /// `retry-after` (whole seconds until a slot frees, at least 1) and
+    /// `x-should-retry: true`, consuming no reply.
+    pub fn rate_limit(&self, calls: usize, per: Duration) {
+        *lock(&self.shared.limit) = Some((calls, per, VecDeque::new()));
+    }
+
     /// Every request received so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.requests).clone()
@@ -357,6 +375,9 @@ struct Shared {
     queues: Mutex<Queues>,
     requests: Mutex<Vec<RecordedRequest>>,
     responder: Mutex<Option<Responder>>,
+    /// The provider's rate limit, if set: at most `.0` requests accepted in any `.1`, and
+    /// when each accepted one came.
+    limit: Mutex<Option<(usize, Duration, VecDeque<std::time::Instant>)>>,
     next_id: AtomicU64,
     delay: Duration,
 }
@@ -367,6 +388,7 @@ impl Shared {
             queues: Mutex::new(queues),
             requests: Mutex::new(Vec::new()),
             responder: Mutex::new(None),
+            limit: Mutex::new(None),
             next_id: AtomicU64::new(1),
             delay,
         }
@@ -465,6 +487,9 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
         Ok(model) => model,
         Err(rejection) => return (api.refusal(&rejection), None),
     };
+    if let Some(throttled) = over_limit(api, shared) {
+        return (throttled, None);
+    }
     if let Some(responder) = lock(&shared.responder).as_ref() {
         let body = recorded_body(&request.body);
         let Some(scripted) = responder(&body) else {
@@ -510,6 +535,33 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
     (play(api, shared, &model, &scripted, request), conversation)
 }
 
+/// A 429 when the rate limit is full; else the request takes a slot.
+fn over_limit(api: Api, shared: &Shared) -> Option<Outcome> {
+    let mut limit = lock(&shared.limit);
+    let (calls, per, taken) = limit.as_mut()?;
+    let now = std::time::Instant::now();
+    while taken
+        .front()
+        .is_some_and(|t| now.duration_since(*t) >= *per)
+    {
+        taken.pop_front();
+    }
+    if taken.len() < *calls {
+        taken.push_back(now);
+        return None;
+    }
+    let free_in = taken.front().map_or(Duration::ZERO, |t| {
+        (*t + *per).saturating_duration_since(now)
+    });
+    let mut outcome = api.error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "This request would exceed your organization's rate limit of requests per minute.",
+    );
+    outcome.retry_after = Some(u32::try_from(free_in.as_secs() + 1).unwrap_or(u32::MAX));
+    outcome.should_retry = Some(true);
+    Some(outcome)
+}
+
 /// Plays a scripted reply to `request`: as the providers do, it reports no more output tokens
 /// than the request's `max_tokens` (or `max_completion_tokens`) allowed.
 fn play(
@@ -528,7 +580,11 @@ fn play(
         scripted.output_tokens = scripted.output_tokens.min(cap);
     }
     match Answer::of(&scripted.reply) {
-        Err((status, retry_after)) => api.scripted_error(status, retry_after),
+        Err((status, retry_after)) => {
+            let mut outcome = api.scripted_error(status, retry_after);
+            outcome.should_retry = scripted.should_retry;
+            outcome
+        }
         Ok(answer) => api.success(shared.next_id(), model, answer, &scripted),
     }
 }
@@ -629,6 +685,8 @@ struct Outcome {
     body: Value,
     /// `retry-after` in seconds, if sent.
     retry_after: Option<u32>,
+    /// `x-should-retry`, if sent.
+    should_retry: Option<bool>,
 }
 
 impl IntoResponse for Outcome {
@@ -638,6 +696,10 @@ impl IntoResponse for Outcome {
             if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
                 response.headers_mut().insert("retry-after", value);
             }
+        }
+        if let Some(retry) = self.should_retry {
+            let value = HeaderValue::from_static(if retry { "true" } else { "false" });
+            response.headers_mut().insert("x-should-retry", value);
         }
         response
     }
@@ -709,6 +771,7 @@ impl Api {
             status: StatusCode::OK,
             body,
             retry_after: None,
+            should_retry: None,
         }
     }
 
@@ -740,6 +803,7 @@ impl Api {
             status,
             body,
             retry_after: (status == StatusCode::TOO_MANY_REQUESTS).then_some(0),
+            should_retry: None,
         }
     }
 }
