@@ -169,7 +169,13 @@ impl Money {
             input: input_estimate,
             ..Billed::default()
         };
-        let affordable = self.price.output_tokens_for(left - self.price.cost(&input));
+        let mut affordable = self.price.output_tokens_for(left - self.price.cost(&input));
+        let team_binds = team_left.is_some_and(|t| run_left.is_none_or(|r| t < r));
+        if affordable == 0 && team_binds {
+            // The team's ledger stops the next call at 100% (`budget_exhausted`); until then
+            // a call whose input may pass what is left goes with the least output.
+            affordable = 1;
+        }
         if affordable == 0 {
             return Err(LlmError::Budget {
                 left: left.max(0.0),

@@ -364,7 +364,10 @@ async fn affordable(shared: &Shared, books: &Books, body: &Value) -> Result<u64,
         input: body.to_string().len() as u64 / 4,
         ..Billed::default()
     };
+    let team_binds = team_left.is_some_and(|t| run_left.is_none_or(|r| t < r));
     match price.output_tokens_for(left - price.cost(&input)) {
+        // As in the built-in loop: the team's ledger stops the next call at 100%.
+        0 if team_binds => Ok(1),
         0 => Err(format!(
             "budget_exhausted: the run's or the team's budget has ${:.6} left, not enough for another call",
             left.max(0.0)
