@@ -95,3 +95,15 @@ mod fleet_requests;
 
 #[path = "providers/e2e.rs"]
 mod e2e;
+
+#[path = "providers/graphs.rs"]
+mod graphs;
+
+#[path = "providers/team_budget.rs"]
+mod team_budget;
+
+#[path = "providers/gateway_sdk.rs"]
+mod gateway_sdk;
+
+#[path = "providers/retries.rs"]
+mod retries;

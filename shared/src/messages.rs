@@ -282,7 +282,7 @@ pub struct JobSpec {
     /// A command agent's job: what is left of the run's LLM budget (its gateway's limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm_budget: Option<LlmBudget>,
-    /// A built-in agent's: the run's budget left at publish; each `max_tokens` is clamped to it.
+    /// An agent's: the run's budget left at publish; the loop or gateway clamps `max_tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm_usd_left: Option<f64>,
     /// An incremental agent's loop (seed 003): its budget, stuck rule and checkpoints.

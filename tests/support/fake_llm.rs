@@ -33,7 +33,9 @@ use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+mod script;
 mod strict;
+pub use script::{script_nodes, script_responder, Picker, Played};
 pub use strict::{Model, MODELS};
 
 /// Largest request body the server reads at all: above the Messages API's 32 MB, so that a
@@ -46,6 +48,9 @@ const BODY_LIMIT: usize = 64 * 1024 * 1024;
 pub enum Reply {
     /// One tool call (`stop_reason: tool_use` / `finish_reason: tool_calls`).
     ToolUse { name: String, input: Value },
+    /// Several tool calls in one turn, in order (parallel tool use: `stop_reason: tool_use`
+    /// / `finish_reason: tool_calls`).
+    Calls { calls: Vec<Call> },
     /// A plain assistant answer (`stop_reason: end_turn` / `finish_reason: stop`).
     Text { text: String },
     /// An HTTP error with the error body of the API that was called; a 429 says
@@ -57,6 +62,17 @@ pub enum Reply {
     },
 }
 
+/// One tool call of a [`Reply::Calls`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Call {
+    pub name: String,
+    pub input: Value,
+}
+
+/// Chooses the reply to a validated request from its body (see
+/// [`FakeLlm::start_responder`]); `None` is answered 500, naming no reply.
+pub type Responder = Box<dyn Fn(&Value) -> Option<ScriptedReply> + Send + Sync>;
+
 /// One entry of the script, with the token usage to report.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScriptedReply {
@@ -65,6 +81,14 @@ pub struct ScriptedReply {
     pub input_tokens: u64,
     #[serde(default = "default_output_tokens")]
     pub output_tokens: u64,
+    /// An error reply's `x-should-retry` header (none unless given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub should_retry: Option<bool>,
+    /// Anthropic's prompt-cache writes and reads, reported apart from `input_tokens`.
+    #[serde(default)]
+    pub cache_write: u64,
+    #[serde(default)]
+    pub cache_read: u64,
 }
 
 fn default_input_tokens() -> u64 {
@@ -82,7 +106,23 @@ impl ScriptedReply {
             reply,
             input_tokens: default_input_tokens(),
             output_tokens: default_output_tokens(),
+            should_retry: None,
+            cache_write: 0,
+            cache_read: 0,
         }
+    }
+
+    /// An error reply that says `x-should-retry: <retry>`.
+    pub fn should_retry(mut self, retry: bool) -> Self {
+        self.should_retry = Some(retry);
+        self
+    }
+
+    /// Reports Anthropic prompt-cache writes and reads too.
+    pub fn with_cache(mut self, cache_write: u64, cache_read: u64) -> Self {
+        self.cache_write = cache_write;
+        self.cache_read = cache_read;
+        self
     }
 
     pub fn tool_use(name: impl Into<String>, input: Value) -> Self {
@@ -90,6 +130,11 @@ impl ScriptedReply {
             name: name.into(),
             input,
         })
+    }
+
+    /// Several tool calls in one turn, played in order by the agent loop.
+    pub fn calls(calls: Vec<Call>) -> Self {
+        Self::new(Reply::Calls { calls })
     }
 
     pub fn text(text: impl Into<String>) -> Self {
@@ -224,6 +269,22 @@ impl FakeLlm {
         })
     }
 
+    /// Starts on an ephemeral port with no script: every validated request is answered by
+    /// `responder`, from its body (e.g. by the node whose prompt it carries).
+    pub async fn start_responder(responder: Responder) -> anyhow::Result<FakeLlm> {
+        let fake = Self::start(Vec::new()).await?;
+        *lock(&fake.shared.responder) = Some(responder);
+        Ok(fake)
+    }
+
+    /// Enforces a rate limit as the providers do: a valid request past `calls` accepted in
+    /// the last `per` is answered 429 (`rate_limit_error` / `rate_limit_exceeded`) with
+    /// `retry-after` (whole seconds until a slot frees, at least 1) and
+    /// `x-should-retry: true`, consuming no reply.
+    pub fn rate_limit(&self, calls: usize, per: Duration) {
+        *lock(&self.shared.limit) = Some((calls, per, VecDeque::new()));
+    }
+
     /// Every request received so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.requests).clone()
@@ -313,6 +374,10 @@ impl Queues {
 struct Shared {
     queues: Mutex<Queues>,
     requests: Mutex<Vec<RecordedRequest>>,
+    responder: Mutex<Option<Responder>>,
+    /// The provider's rate limit, if set: at most `.0` requests accepted in any `.1`, and
+    /// when each accepted one came.
+    limit: Mutex<Option<(usize, Duration, VecDeque<std::time::Instant>)>>,
     next_id: AtomicU64,
     delay: Duration,
 }
@@ -322,6 +387,8 @@ impl Shared {
         Self {
             queues: Mutex::new(queues),
             requests: Mutex::new(Vec::new()),
+            responder: Mutex::new(None),
+            limit: Mutex::new(None),
             next_id: AtomicU64::new(1),
             delay,
         }
@@ -420,6 +487,17 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
         Ok(model) => model,
         Err(rejection) => return (api.refusal(&rejection), None),
     };
+    if let Some(throttled) = over_limit(api, shared) {
+        return (throttled, None);
+    }
+    if let Some(responder) = lock(&shared.responder).as_ref() {
+        let body = recorded_body(&request.body);
+        let Some(scripted) = responder(&body) else {
+            let message = "fake llm responder has no reply for this request";
+            return (api.error(StatusCode::INTERNAL_SERVER_ERROR, message), None);
+        };
+        return (play(api, shared, &model, &scripted, request), None);
+    }
     let prompt = first_user_text(&request.body);
     let route = {
         let mut queues = lock(&shared.queues);
@@ -454,11 +532,61 @@ fn respond(api: Api, shared: &Shared, request: &Incoming) -> (Outcome, Option<St
             return (api.error(StatusCode::INTERNAL_SERVER_ERROR, message), None);
         }
     };
-    let outcome = match Answer::of(&scripted.reply) {
-        Err((status, retry_after)) => api.scripted_error(status, retry_after),
-        Ok(answer) => api.success(shared.next_id(), &model, answer, &scripted),
-    };
-    (outcome, conversation)
+    (play(api, shared, &model, &scripted, request), conversation)
+}
+
+/// A 429 when the rate limit is full; else the request takes a slot.
+fn over_limit(api: Api, shared: &Shared) -> Option<Outcome> {
+    let mut limit = lock(&shared.limit);
+    let (calls, per, taken) = limit.as_mut()?;
+    let now = std::time::Instant::now();
+    while taken
+        .front()
+        .is_some_and(|t| now.duration_since(*t) >= *per)
+    {
+        taken.pop_front();
+    }
+    if taken.len() < *calls {
+        taken.push_back(now);
+        return None;
+    }
+    let free_in = taken.front().map_or(Duration::ZERO, |t| {
+        (*t + *per).saturating_duration_since(now)
+    });
+    let mut outcome = api.error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "This request would exceed your organization's rate limit of requests per minute.",
+    );
+    outcome.retry_after = Some(u32::try_from(free_in.as_secs() + 1).unwrap_or(u32::MAX));
+    outcome.should_retry = Some(true);
+    Some(outcome)
+}
+
+/// Plays a scripted reply to `request`: as the providers do, it reports no more output tokens
+/// than the request's `max_tokens` (or `max_completion_tokens`) allowed.
+fn play(
+    api: Api,
+    shared: &Shared,
+    model: &str,
+    scripted: &ScriptedReply,
+    request: &Incoming,
+) -> Outcome {
+    let body = recorded_body(&request.body);
+    let cap = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64));
+    let mut scripted = scripted.clone();
+    if let Some(cap) = cap {
+        scripted.output_tokens = scripted.output_tokens.min(cap);
+    }
+    match Answer::of(&scripted.reply) {
+        Err((status, retry_after)) => {
+            let mut outcome = api.scripted_error(status, retry_after);
+            outcome.should_retry = scripted.should_retry;
+            outcome
+        }
+        Ok(answer) => api.success(shared.next_id(), model, answer, &scripted),
+    }
 }
 
 /// The text of the first message whose role is `user` (a validated body):
@@ -487,6 +615,7 @@ fn first_user_text(body: &Bytes) -> Option<String> {
 #[derive(Clone, Copy)]
 enum Answer<'a> {
     ToolUse { name: &'a str, input: &'a Value },
+    Calls(&'a [Call]),
     Text(&'a str),
 }
 
@@ -495,6 +624,7 @@ impl<'a> Answer<'a> {
     fn of(reply: &'a Reply) -> Result<Self, (u16, Option<u32>)> {
         match reply {
             Reply::ToolUse { name, input } => Ok(Answer::ToolUse { name, input }),
+            Reply::Calls { calls } => Ok(Answer::Calls(calls)),
             Reply::Text { text } => Ok(Answer::Text(text)),
             Reply::Error {
                 status,
@@ -555,6 +685,8 @@ struct Outcome {
     body: Value,
     /// `retry-after` in seconds, if sent.
     retry_after: Option<u32>,
+    /// `x-should-retry`, if sent.
+    should_retry: Option<bool>,
 }
 
 impl IntoResponse for Outcome {
@@ -564,6 +696,10 @@ impl IntoResponse for Outcome {
             if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
                 response.headers_mut().insert("retry-after", value);
             }
+        }
+        if let Some(retry) = self.should_retry {
+            let value = HeaderValue::from_static(if retry { "true" } else { "false" });
+            response.headers_mut().insert("x-should-retry", value);
         }
         response
     }
@@ -635,6 +771,7 @@ impl Api {
             status: StatusCode::OK,
             body,
             retry_after: None,
+            should_retry: None,
         }
     }
 
@@ -666,6 +803,7 @@ impl Api {
             status,
             body,
             retry_after: (status == StatusCode::TOO_MANY_REQUESTS).then_some(0),
+            should_retry: None,
         }
     }
 }
@@ -893,6 +1031,17 @@ mod anthropic {
                 }]),
                 "tool_use",
             ),
+            Answer::Calls(calls) => (
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(n, c)| {
+                        json!({"type": "tool_use", "id": format!("toolu_{id}_{n}"),
+                            "name": c.name, "input": c.input})
+                    })
+                    .collect(),
+                "tool_use",
+            ),
             Answer::Text(text) => (json!([{ "type": "text", "text": text }]), "end_turn"),
         };
         json!({
@@ -906,6 +1055,8 @@ mod anthropic {
             "usage": {
                 "input_tokens": usage.input_tokens,
                 "output_tokens": usage.output_tokens,
+                "cache_creation_input_tokens": usage.cache_write,
+                "cache_read_input_tokens": usage.cache_read,
             },
         })
     }
@@ -1069,6 +1220,19 @@ mod openai {
                         "type": "function",
                         "function": { "name": name, "arguments": input.to_string() },
                     }],
+                }),
+                "tool_calls",
+            ),
+            Answer::Calls(calls) => (
+                json!({
+                    "role": "assistant",
+                    "content": null,
+                    "refusal": null,
+                    "tool_calls": calls.iter().enumerate().map(|(n, c)| json!({
+                        "id": format!("call_{id}_{n}"),
+                        "type": "function",
+                        "function": { "name": c.name, "arguments": c.input.to_string() },
+                    })).collect::<Vec<_>>(),
                 }),
                 "tool_calls",
             ),

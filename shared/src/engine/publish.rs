@@ -219,9 +219,11 @@ impl Engine<'_> {
                 _ => None,
             },
             llm_usd_left: match (&self.state.agent, &self.state.budget, agent) {
-                (AgentConfig::Anthropic(_) | AgentConfig::Openai(_), Some(b), Some(_)) => {
-                    Some((b.limit_usd - self.state.usage.cost_usd).max(0.0))
-                }
+                (
+                    AgentConfig::Anthropic(_) | AgentConfig::Openai(_) | AgentConfig::Command(_),
+                    Some(b),
+                    Some(_),
+                ) => Some((b.limit_usd - self.state.usage.cost_usd).max(0.0)),
                 _ => None,
             },
             incremental,

@@ -27,6 +27,11 @@ pub trait Transport: Sync {
         body: &Value,
         usage: &mut Usage,
     ) -> Result<Value, LlmError>;
+
+    /// What the job's team has left to spend today, if it has a dollar limit.
+    async fn team_usd_left(&self) -> Result<Option<f64>, LlmError> {
+        Ok(None)
+    }
 }
 
 /// The real transport: HTTP with retries.
@@ -45,6 +50,16 @@ impl Transport for Http<'_> {
     ) -> Result<Value, LlmError> {
         let Endpoint { url, headers } = endpoint;
         post_with_retry(self.client, url, headers, body, self.settings, usage).await
+    }
+
+    async fn team_usd_left(&self) -> Result<Option<f64>, LlmError> {
+        match (&self.settings.gate, &self.settings.scope) {
+            (Some(gate), Some(scope)) => gate
+                .usd_left(scope)
+                .await
+                .map_err(|e| LlmError::Quota(e.into())),
+            _ => Ok(None),
+        }
     }
 }
 
@@ -132,7 +147,9 @@ pub struct Money {
 
 impl Money {
     /// The `max_tokens` of the next call: the configured one, clamped to the output tokens
-    /// the budget still pays for once the call's input is paid. The input is estimated from
+    /// the budget still pays for once the call's input is paid: the run's budget (less what
+    /// this job spent) or the team's (`team_left`, read from the fleet's ledger before the
+    /// call, this job's spend included), whichever has less. The input is estimated from
     /// below by the previous call's (a conversation only grows) and from the body's size
     /// (4 bytes a token). `Budget` when not one output token is left.
     pub fn max_tokens(
@@ -140,16 +157,25 @@ impl Money {
         configured: u32,
         spent_usd: f64,
         input_estimate: u64,
+        team_left: Option<f64>,
     ) -> Result<u32, LlmError> {
-        let Some(left) = self.usd_left else {
-            return Ok(configured);
+        let run_left = self.usd_left.map(|left| left - spent_usd);
+        let left = match (run_left, team_left) {
+            (None, None) => return Ok(configured),
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
         };
-        let left = left - spent_usd;
         let input = Billed {
             input: input_estimate,
             ..Billed::default()
         };
-        let affordable = self.price.output_tokens_for(left - self.price.cost(&input));
+        let mut affordable = self.price.output_tokens_for(left - self.price.cost(&input));
+        let team_binds = team_left.is_some_and(|t| run_left.is_none_or(|r| t < r));
+        if affordable == 0 && team_binds {
+            // The team's ledger stops the next call at 100% (`budget_exhausted`); until then
+            // a call whose input may pass what is left goes with the least output.
+            affordable = 1;
+        }
         if affordable == 0 {
             return Err(LlmError::Budget {
                 left: left.max(0.0),
@@ -208,16 +234,21 @@ impl<A: ChatApi, T: Transport> Chat<'_, A, T> {
             }
             let mut cfg = self.cfg.clone();
             let sized = self.api.request(&cfg, &tools, messages).to_string().len() as u64 / 4;
-            cfg.max_tokens =
-                self.money
-                    .max_tokens(cfg.max_tokens, usage.cost_usd, sized.max(last_input))?;
+            let team_left = self.transport.team_usd_left().await?;
+            cfg.max_tokens = self.money.max_tokens(
+                cfg.max_tokens,
+                usage.cost_usd,
+                sized.max(last_input),
+                team_left,
+            )?;
             if cfg.max_tokens < self.cfg.max_tokens {
                 debug!(
                     api = A::NAME,
                     node = self.job.node,
                     turn,
                     max_tokens = cfg.max_tokens,
-                    "max_tokens clamped to the run's budget"
+                    team_usd_left = team_left,
+                    "max_tokens clamped to the run's or the team's budget"
                 );
             }
             let body = self.api.request(&cfg, &tools, messages);

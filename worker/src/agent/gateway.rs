@@ -11,7 +11,7 @@
 
 use super::anthropic::Anthropic;
 use super::gateway_policy::{police, GatewayLimits};
-use super::llm::{count_tokens, post_with_retry, LlmError, LlmSettings};
+use super::llm::{count_tokens, post_with_retry, Billed, LlmError, LlmSettings};
 use super::openai::OpenAi;
 use super::provider::{ChatApi, Endpoint, Tokens};
 use bytes::Bytes;
@@ -91,6 +91,9 @@ struct Shared {
     model: String,
     max_calls: u32,
     max_tokens: u64,
+    /// What the run's dollar budget had left when the job was published
+    /// (`JobSpec::llm_usd_left`), if the run has one.
+    usd_left: Option<f64>,
     settings: LlmSettings,
     http: reqwest::Client,
     /// Held across a call: one call at a time.
@@ -134,6 +137,7 @@ impl Gateway {
         dir: &Path,
         agent: &CommandAgent,
         budget: LlmBudget,
+        usd_left: Option<f64>,
         settings: &LlmSettings,
         http: &reqwest::Client,
     ) -> std::io::Result<Gateway> {
@@ -150,6 +154,7 @@ impl Gateway {
             model: agent.model.clone(),
             max_calls: budget.calls,
             max_tokens: budget.tokens,
+            usd_left,
             settings: settings.clone(),
             http: http.clone(),
             books: Mutex::new(Books::default()),
@@ -320,13 +325,55 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         );
         return refuse(shared, &mut books, 429, "budget_exhausted", message);
     }
-    let left = shared.max_tokens.saturating_sub(spent);
+    let left = match affordable(shared, &books, &body).await {
+        Ok(tokens) => tokens.min(shared.max_tokens.saturating_sub(spent)),
+        Err(message) => return refuse(shared, &mut books, 429, "budget_exhausted", message),
+    };
     let limits = &shared.settings.gateway;
     if let Err(why) = police(api, &mut body, &shared.model, limits, left) {
         let message = why.to_string();
         return refuse(shared, &mut books, 400, "invalid_request_error", message);
     }
     forward(shared, &mut books, &body).await
+}
+
+/// The output tokens the run's dollars (less what this job spent) and the team's dollars
+/// left today still pay for once this call's input is paid (estimated from the body's size,
+/// 4 bytes a token); `u64::MAX` when neither has a limit. An error when not one is left, or
+/// the model has no price (closed by default), or the ledger cannot say.
+async fn affordable(shared: &Shared, books: &Books, body: &Value) -> Result<u64, String> {
+    let settings = &shared.settings;
+    let team_left = match (&settings.gate, &settings.scope) {
+        (Some(gate), Some(scope)) => gate
+            .usd_left(scope)
+            .await
+            .map_err(|e| format!("the team's budget cannot be read: {e}"))?,
+        _ => None,
+    };
+    let run_left = shared.usd_left.map(|l| l - books.usage.cost_usd);
+    let left = match (run_left, team_left) {
+        (None, None) => return Ok(u64::MAX),
+        (Some(a), Some(b)) => a.min(b),
+        (Some(a), None) | (None, Some(a)) => a,
+    };
+    let price = settings
+        .prices
+        .price(&shared.model)
+        .ok_or_else(|| LlmError::NoPrice(shared.model.clone()).to_string())?;
+    let input = Billed {
+        input: body.to_string().len() as u64 / 4,
+        ..Billed::default()
+    };
+    let team_binds = team_left.is_some_and(|t| run_left.is_none_or(|r| t < r));
+    match price.output_tokens_for(left - price.cost(&input)) {
+        // As in the built-in loop: the team's ledger stops the next call at 100%.
+        0 if team_binds => Ok(1),
+        0 => Err(format!(
+            "budget_exhausted: the run's or the team's budget has ${:.6} left, not enough for another call",
+            left.max(0.0)
+        )),
+        n => Ok(n),
+    }
 }
 
 /// Bytes of request bodies a gateway holds now, given back when dropped.
@@ -424,11 +471,17 @@ async fn forward(shared: &Shared, books: &mut Books, body: &Value) -> Response<F
         Ok(reply) => {
             let tokens = tokens_of(&reply);
             count_tokens(&mut usage, tokens.input, tokens.output);
-            usage.cost_usd =
-                shared
-                    .settings
-                    .prices
-                    .cost(&shared.model, usage.input_tokens, usage.output_tokens);
+            // Cache writes and reads at their own prices, as the built-in loop counts them (a
+            // model without a price never gets here: `post_with_retry` does not send it).
+            let billed = Billed::of_reply(&reply);
+            usage.input_tokens = usage
+                .input_tokens
+                .saturating_add(billed.cache_write.saturating_add(billed.cache_read));
+            usage.cost_usd = shared
+                .settings
+                .prices
+                .price(&shared.model)
+                .map_or(0.0, |p| p.cost(&billed));
             books.usage.add(&usage);
             books.calls.push(CallRecord {
                 at_ms: shared.at_ms(),
@@ -439,13 +492,17 @@ async fn forward(shared: &Shared, books: &mut Books, body: &Value) -> Response<F
             });
             respond(StatusCode::OK, &reply, false)
         }
-        Err(e) => {
-            let (status, message) = match &e {
-                LlmError::Api { status, body } => (*status, body.clone()),
-                other => (502, other.to_string()),
-            };
-            refuse(shared, books, status, "api_error", message)
+        Err(LlmError::Api { status, body }) => {
+            // The provider's own error, passed on as it came (its status and its body in the
+            // API's shape), so that the program's SDK reads it as the provider's.
+            let mut resp = refuse(shared, books, status, "api_error", body.clone());
+            if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(&body) {
+                let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                resp = respond(code, &v, false);
+            }
+            resp
         }
+        Err(other) => refuse(shared, books, 502, "api_error", other.to_string()),
     }
 }
 

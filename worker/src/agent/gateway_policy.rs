@@ -70,6 +70,10 @@ pub enum Refused {
     Field(&'static str),
     #[error("no output tokens are left in this job's budget")]
     NoTokensLeft,
+    /// A tool definition the provider would refuse (the whole request): refused here, before
+    /// it leaves the worker, naming the tool and the provider's rule.
+    #[error("tool `{tool}`: {breach}")]
+    ToolRule { tool: String, breach: String },
 }
 
 /// Fields a body may not carry at all: connectors and tools the provider runs and bills.
@@ -102,10 +106,27 @@ pub fn police(
             return Err(Refused::ServerTool(kind));
         }
     }
+    if let Some(Value::Array(tools)) = obj.get("tools") {
+        tool_rules(api, tools)?;
+    }
     for field in DROPPED_FIELDS {
         obj.remove(field);
     }
     obj.insert("model".into(), json!(model));
+    if api == LlmApi::Openai && super::openai::reasoning_model(model) {
+        // OpenAI's reasoning models refuse `max_tokens` ("Use 'max_completion_tokens'
+        // instead") and any temperature but the default: rewritten, not refused, since the
+        // program could not know which model the gateway pins.
+        if let Some(v) = obj.remove("max_tokens") {
+            obj.entry("max_completion_tokens").or_insert(v);
+        }
+        if obj
+            .get("temperature")
+            .is_some_and(|t| t.as_f64() != Some(1.0))
+        {
+            obj.remove("temperature");
+        }
+    }
     let cap = limits.max_output_tokens.min(tokens_left);
     if cap == 0 {
         return Err(Refused::NoTokensLeft);
@@ -137,6 +158,34 @@ pub fn police(
         if let Some(b) = thinking.get_mut("budget_tokens") {
             let asked = b.as_u64().unwrap_or(0);
             *b = json!(asked.min(cap.saturating_sub(1)));
+        }
+    }
+    Ok(())
+}
+
+/// The provider's rules for the program's own tools (`shared::providers`): a definition the
+/// provider would refuse is refused here with the rule.
+fn tool_rules(api: LlmApi, tools: &[Value]) -> Result<(), Refused> {
+    use shared::providers::{tool_breaches, Provider};
+    let provider = match api {
+        LlmApi::Anthropic => Provider::Anthropic,
+        LlmApi::Openai => Provider::Openai,
+    };
+    for tool in tools {
+        let (name, schema) = match api {
+            LlmApi::Anthropic => (&tool["name"], &tool["input_schema"]),
+            LlmApi::Openai => (&tool["function"]["name"], &tool["function"]["parameters"]),
+        };
+        let name = name.as_str().unwrap_or_default();
+        // OpenAI's `parameters` may be left out (a function without arguments).
+        if api == LlmApi::Openai && schema.is_null() {
+            continue;
+        }
+        if let Some(b) = tool_breaches(provider, name, schema).into_iter().next() {
+            return Err(Refused::ToolRule {
+                tool: shared::text::head(name, 80),
+                breach: b.to_string(),
+            });
         }
     }
     Ok(())
@@ -203,7 +252,7 @@ mod tests {
         let search = json!({"tools": [{"name": "s", "type": "web_search_20250305"}]});
         let e = police(LlmApi::Anthropic, &mut search.clone(), "m", &LIMITS, 10).unwrap_err();
         assert_eq!(e, Refused::ServerTool("web_search_20250305".into()));
-        let own = json!({"tools": [{"name": "f", "input_schema": {}}]});
+        let own = json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}]});
         assert!(police(LlmApi::Anthropic, &mut own.clone(), "m", &LIMITS, 10).is_ok());
         let openai = json!({"tools": [{"type": "file_search"}]});
         assert!(police(LlmApi::Openai, &mut openai.clone(), "m", &LIMITS, 10).is_err());
@@ -213,6 +262,38 @@ mod tests {
         let stream = json!({"stream": true});
         let e = police(LlmApi::Openai, &mut stream.clone(), "m", &LIMITS, 10).unwrap_err();
         assert_eq!(e, Refused::Stream);
+    }
+
+    #[test]
+    fn a_tool_the_provider_would_refuse_is_refused_naming_its_rule() {
+        let one_of = json!({"tools": [{"name": "t", "input_schema":
+            {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}}]});
+        let e = police(LlmApi::Anthropic, &mut one_of.clone(), "m", &LIMITS, 10).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("tool `t`: anthropic refuses it: rule `input_schema does not support"),
+            "{e}"
+        );
+        let array = json!({"tools": [{"type": "function",
+            "function": {"name": "f", "parameters": {"type": "array"}}}]});
+        let e = police(LlmApi::Openai, &mut array.clone(), "m", &LIMITS, 10).unwrap_err();
+        assert!(e.to_string().contains("openai refuses it"), "{e}");
+        let bad_name = json!({"tools": [{"name": "a b", "input_schema": {"type": "object"}}]});
+        assert!(police(LlmApi::Anthropic, &mut bad_name.clone(), "m", &LIMITS, 10).is_err());
+        let bare = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
+        assert!(police(LlmApi::Openai, &mut bare.clone(), "m", &LIMITS, 10).is_ok());
+    }
+
+    #[test]
+    fn a_reasoning_model_gets_max_completion_tokens_and_no_temperature() {
+        let mut body = json!({"max_tokens": 500, "temperature": 0.2, "messages": []});
+        police(LlmApi::Openai, &mut body, "gpt-5-mini", &LIMITS, 1_000_000).unwrap();
+        assert_eq!(body["max_completion_tokens"], 500);
+        assert!(body.get("max_tokens").is_none() && body.get("temperature").is_none());
+        let mut body = json!({"max_tokens": 500, "temperature": 0.2});
+        police(LlmApi::Openai, &mut body, "gpt-4o-mini", &LIMITS, 1_000_000).unwrap();
+        assert_eq!(body["max_tokens"], 500);
+        assert_eq!(body["temperature"], 0.2);
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub enum LlmError {
     #[error("no price for model `{0}`: the call is not sent (price it in FLEET_PRICES)")]
     NoPrice(String),
     /// The run's budget has less left than the call's input would cost.
-    #[error("budget_exhausted: the run's budget has ${left:.6} left, not enough for another call")]
+    #[error("budget_exhausted: the run's or the team's budget has ${left:.6} left, not enough for another call")]
     Budget { left: f64 },
     /// The fleet's ledger refused the call (`budget_exhausted: …`) or could not be asked.
     #[error("{0}")]
@@ -125,7 +125,8 @@ impl Default for LlmSettings {
     }
 }
 
-/// Posts `body`, retrying 429, 5xx and transport errors with exponential backoff.
+/// Posts `body`, retrying 408, 409, 429, 5xx and transport errors with exponential backoff or
+/// after the provider's `retry-after`; a reply's `x-should-retry` decides over its status.
 pub async fn post_with_retry(
     http: &reqwest::Client,
     url: &str,
@@ -180,8 +181,16 @@ pub async fn post_with_retry(
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
+                // The provider says whether to retry (`x-should-retry`, Anthropic's and
+                // OpenAI's SDKs obey it); else 408, 409, 429 and 5xx are retried as they do.
+                let should_retry = resp
+                    .headers()
+                    .get("x-should-retry")
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| v.trim().eq_ignore_ascii_case("true"));
                 let body = resp.text().await.unwrap_or_default();
-                let retryable = status == 429 || status >= 500;
+                let retryable =
+                    should_retry.unwrap_or(matches!(status, 408 | 409 | 429) || status >= 500);
                 if !retryable || attempt > settings.max_retries {
                     return Err(LlmError::Api { status, body });
                 }

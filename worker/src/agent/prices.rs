@@ -92,35 +92,48 @@ impl Billed {
     }
 }
 
-/// The default table. Anthropic's page (docs.anthropic.com/en/docs/about-claude/pricing,
+/// Where a default price was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PriceSource {
+    /// The provider's own page (a stored copy of it): Anthropic's pricing page or its models
+    /// overview.
+    Provider,
+    /// A third-party page quoting the provider, not checked against the provider's own page.
+    ThirdParty,
+}
+
+use PriceSource::{Provider, ThirdParty};
+
+/// The default table: model, input and output USD per million tokens, and where each was read
+/// (`PRICES_READ` says when). Anthropic's page (docs.anthropic.com/en/docs/about-claude/pricing,
 /// stored copy): Opus 4.1 / 4 $15 / $75, Sonnet 4 / 3.7 $3 / $15, Haiku 3.5 $0.80 / $4, Haiku 3
-/// $0.25 / $1.25, cache writes 1.25 × and reads 0.1 × input. Haiku 4.5 $1 / $5 (Anthropic's
-/// models overview, stored copy). Third-party (unverified against the provider's own page):
-/// Sonnet 4.5 $3 / $15, Opus 4.5 $5 / $25, and every OpenAI price (pages quoting
-/// openai.com/api/pricing).
-const DEFAULTS: &[(&str, f64, f64)] = &[
-    ("claude-opus-4-5", 5.0, 25.0),
-    ("claude-opus-4-1", 15.0, 75.0),
-    ("claude-opus-4-0", 15.0, 75.0),
-    ("claude-opus-4", 15.0, 75.0),
-    ("claude-sonnet-4-5", 3.0, 15.0),
-    ("claude-sonnet-4-0", 3.0, 15.0),
-    ("claude-sonnet-4", 3.0, 15.0),
-    ("claude-3-7-sonnet", 3.0, 15.0),
-    ("claude-haiku-4-5", 1.0, 5.0),
-    ("claude-3-5-haiku", 0.8, 4.0),
-    ("claude-3-haiku", 0.25, 1.25),
-    ("gpt-4o", 2.5, 10.0),
-    ("gpt-4o-mini", 0.15, 0.6),
-    ("gpt-4.1", 2.0, 8.0),
-    ("gpt-4.1-mini", 0.4, 1.6),
-    ("gpt-4.1-nano", 0.1, 0.4),
-    ("gpt-5", 1.25, 10.0),
-    ("gpt-5-mini", 0.25, 2.0),
-    ("gpt-5-nano", 0.05, 0.4),
-    ("o3", 2.0, 8.0),
-    ("o3-mini", 1.1, 4.4),
-    ("o4-mini", 1.1, 4.4),
+/// $0.25 / $1.25, cache writes 1.25 × and reads 0.1 × input; Haiku 4.5 $1 / $5 (Anthropic's
+/// models overview, stored copy). Third-party (pages quoting the provider, unverified against
+/// its own page): Sonnet 4.5, Opus 4.5, and every OpenAI price (openai.com/api/pricing was not
+/// read here). `FLEET_PRICES` overrides any row.
+pub const DEFAULTS: &[(&str, f64, f64, PriceSource)] = &[
+    ("claude-opus-4-5", 5.0, 25.0, ThirdParty),
+    ("claude-opus-4-1", 15.0, 75.0, Provider),
+    ("claude-opus-4-0", 15.0, 75.0, Provider),
+    ("claude-opus-4", 15.0, 75.0, Provider),
+    ("claude-sonnet-4-5", 3.0, 15.0, ThirdParty),
+    ("claude-sonnet-4-0", 3.0, 15.0, Provider),
+    ("claude-sonnet-4", 3.0, 15.0, Provider),
+    ("claude-3-7-sonnet", 3.0, 15.0, Provider),
+    ("claude-haiku-4-5", 1.0, 5.0, Provider),
+    ("claude-3-5-haiku", 0.8, 4.0, Provider),
+    ("claude-3-haiku", 0.25, 1.25, Provider),
+    ("gpt-4o", 2.5, 10.0, ThirdParty),
+    ("gpt-4o-mini", 0.15, 0.6, ThirdParty),
+    ("gpt-4.1", 2.0, 8.0, ThirdParty),
+    ("gpt-4.1-mini", 0.4, 1.6, ThirdParty),
+    ("gpt-4.1-nano", 0.1, 0.4, ThirdParty),
+    ("gpt-5", 1.25, 10.0, ThirdParty),
+    ("gpt-5-mini", 0.25, 2.0, ThirdParty),
+    ("gpt-5-nano", 0.05, 0.4, ThirdParty),
+    ("o3", 2.0, 8.0, ThirdParty),
+    ("o3-mini", 1.1, 4.4, ThirdParty),
+    ("o4-mini", 1.1, 4.4, ThirdParty),
 ];
 
 /// Prices by model name; a name prices itself and its dated snapshots (`claude-haiku-4-5`
@@ -134,7 +147,7 @@ impl PriceTable {
         Self(
             DEFAULTS
                 .iter()
-                .map(|(m, i, o)| (m.to_string(), Price::new(*i, *o)))
+                .map(|(m, i, o, _)| (m.to_string(), Price::new(*i, *o)))
                 .collect(),
         )
     }

@@ -104,6 +104,19 @@ impl FleetGate {
         }
     }
 
+    /// What the team's daily dollar limit has left today (`None` without a team or a limit):
+    /// a call's `max_tokens` is clamped to it, as to the run's budget.
+    pub async fn usd_left(&self, scope: &JobScope) -> Result<Option<f64>, LedgerError> {
+        let Some(team) = scope.team.as_deref() else {
+            return Ok(None);
+        };
+        let Some(daily) = self.limits_of(Some(team)).await?.daily_usd else {
+            return Ok(None);
+        };
+        let (used, _) = self.ledger.used(team, &day_of(chrono::Utc::now())).await?;
+        Ok(Some((daily - used.usd_micros as f64 / 1e6).max(0.0)))
+    }
+
     /// Records a reply's spend; a failure to record is logged (the call was made).
     pub async fn record(&self, scope: &JobScope, provider: &str, tokens: u64, usd: f64) {
         let limits = match self.limits_of(scope.team.as_deref()).await {

@@ -152,6 +152,7 @@ impl Runner {
                     c,
                     spec.llm_budget
                         .unwrap_or(LlmBudget::left(c, &Usage::default())),
+                    spec.llm_usd_left,
                     &self
                         .config
                         .llm
