@@ -3,8 +3,9 @@
 # Safe to run twice: every step checks before it acts.
 #   RabbitMQ, Redis and headless Chromium from Debian's packages, an S3-compatible server (moto_server from PyPI),
 #   and the agent images built locally with debootstrap (there is no registry): fleet-agent-py:1,
-#   fleet-agent-hs:1 (ghc and QuickCheck, for Haskell projects; FLEET_HS_IMAGE= skips it) and
-#   fleet-agent-web:1 (headless Chromium for the `browser` tool; FLEET_WEB_IMAGE= skips it).
+#   fleet-agent-hs:1 (ghc and QuickCheck, for Haskell projects; FLEET_HS_IMAGE= skips it),
+#   fleet-agent-web:1 (headless Chromium for the `browser` tool; FLEET_WEB_IMAGE= skips it) and
+#   fleet-agent-sdk:1 (the providers' official Python SDKs; FLEET_SDK_IMAGE= skips it).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 STATE_DIR="${FLEET_STATE_DIR:-/tmp/fleet-services}"
@@ -93,6 +94,13 @@ fi
 if [ -n "$WEB_IMAGE" ]; then
   "$here/scripts/build-image.sh" "$WEB_IMAGE"
   images="$images, $WEB_IMAGE"
+fi
+# The providers' official Python SDKs over the agent image (tests/providers: a command agent
+# on them through the LLM gateway); FLEET_SDK_IMAGE= skips it.
+SDK_IMAGE="${FLEET_SDK_IMAGE-fleet-agent-sdk:1}"
+if [ -n "$SDK_IMAGE" ]; then
+  "$here/scripts/build-sdk-image.sh" "$SDK_IMAGE"
+  images="$images, $SDK_IMAGE"
 fi
 log "ready: redis 6379, rabbitmq 5672, s3 $S3_PORT, images $images"
 
