@@ -270,10 +270,10 @@ const HARDENED: Case = Case {
 /// `when`), the feature read from the test case the prompt carries.
 fn verifications(_script: &Value) -> Picker {
     let order: [(u64, &[(&str, usize)]); 4] = [
-        (1, &[("verify", 0)]),
-        (2, &[("verify", 1), ("verify_again", 0), ("verify", 2)]),
+        (1, &[("verify", 0), ("verify_again", 0)]),
+        (2, &[("verify", 1), ("verify_again", 1), ("verify", 2)]),
         (3, &[("verify", 3)]),
-        (4, &[("verify", 4), ("verify_again", 1)]),
+        (4, &[("verify", 4), ("verify_again", 2)]),
     ];
     let queues: std::collections::BTreeMap<u64, std::collections::VecDeque<(String, usize)>> =
         order
@@ -294,8 +294,9 @@ fn verifications(_script: &Value) -> Picker {
     })
 }
 
-/// The story of `tests/hardened.rs`: the feature list approved, feature 4's disagreeing
-/// verifications settled by a person, the run succeeds.
+/// The story of `tests/hardened.rs`: the feature list approved, features 1 (its first
+/// verifier's invented step voided) and 4 (disagreeing verifications) settled by a person, the
+/// run succeeds.
 async fn hardened(api: &str) -> anyhow::Result<()> {
     let r = start(&HARDENED, api).await?;
     r.awaiting("approve_features").await?;
@@ -303,11 +304,23 @@ async fn hardened(api: &str) -> anyhow::Result<()> {
         .stack
         .cli(&["approve", &r.run, "approve_features", "--by", "ana"])?;
     assert_eq!(out.code, 0, "{}", out.stderr);
-    r.awaiting("quarantine_review").await?;
-    let out = r
-        .stack
-        .cli(&["quarantine", "approve", &r.run, "4", "--by", "ana"])?;
-    assert_eq!(out.code, 0, "{}", out.stderr);
+    // 4 first, settled at once (the third settle), then 1, as `tests/hardened.rs` does.
+    for (feature, settled) in [("4", 3), ("1", 4)] {
+        r.awaiting("quarantine_review").await?;
+        let out = r
+            .stack
+            .cli(&["quarantine", "approve", &r.run, feature, "--by", "ana"])?;
+        assert_eq!(out.code, 0, "{feature}: {}", out.stderr);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = r.stack.get(&format!("/v1/runs/{}", r.run)).await?;
+            if s["visits"]["settle"].as_u64() >= Some(settled) || s["finished_at"].is_string() {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{feature} never settled: {s}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let status = r.end(api).await?;
     assert_eq!(status["status"], "succeeded", "{api}: {status}");
     Ok(())

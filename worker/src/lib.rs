@@ -28,5 +28,6 @@ pub mod render;
 pub mod runner;
 pub mod safe_fs;
 pub mod sandbox;
+pub mod skeleton_check;
 pub mod tools;
 pub mod verify;

@@ -6,6 +6,7 @@
 //! coordinator stores a batch's header and items apart and drives it a [`BatchSlice`] at a time.
 
 pub mod compare;
+pub mod counts;
 pub mod dataset;
 pub mod flaky;
 pub mod html;
@@ -20,6 +21,7 @@ pub mod state;
 mod tests;
 
 pub use compare::{compare, Comparison};
+pub use counts::BatchCounts;
 pub use dataset::{parse_dataset, DatasetError, DatasetItem};
 pub use html::{html_escape, html_report};
 pub use outcome::{outcome_of, ItemOutcome, INFRA_REASONS};
@@ -27,7 +29,7 @@ pub use progress::{progress, Progress};
 pub use report::{json_report, junit_xml};
 pub use share::{fair_shares, starts, Demand};
 pub use slice::BatchSlice;
-pub use state::{batch_id, BatchCounts, BatchHeader, BatchItem, BatchSpec, BatchState, ItemState};
+pub use state::{batch_id, BatchHeader, BatchItem, BatchSpec, BatchState, ItemState};
 
 /// A dataset has at most this many items.
 pub const MAX_BATCH_ITEMS: usize = 100_000;

@@ -9,6 +9,8 @@
 //! whose verdict would have depended on a flaky test (the harness's reruns disagreed) settles
 //! its item `Flaky`: no verdict either, counted apart, its flaky tests listed.
 
+use super::counts::BatchCounts;
+pub use super::counts::ItemState;
 use super::dataset::DatasetItem;
 use super::flaky::FLAKY_VERDICT;
 use super::outcome::ItemOutcome;
@@ -122,29 +124,6 @@ impl BatchSpec {
     }
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ItemState {
-    Queued,
-    Running,
-    Passed,
-    Failed,
-    Errored,
-    Cancelled,
-    /// The run's verdict would have depended on flaky tests: no verdict.
-    Flaky,
-    /// The run passed, but the harness suspects special-casing (lines of the code under test
-    /// that branch on the tests' or the examples' literals): held for a person, not a pass.
-    Held,
-}
-
-impl ItemState {
-    /// Whether the item is done for good: passed, failed, errored or cancelled.
-    pub fn is_settled(self) -> bool {
-        !matches!(self, ItemState::Queued | ItemState::Running)
-    }
-}
-
 /// One trial of one dataset item, across its attempts.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct BatchItem {
@@ -189,42 +168,6 @@ pub struct BatchItem {
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub finished_at: Option<DateTime<Utc>>,
-}
-
-/// How many items are in each state.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
-pub struct BatchCounts {
-    pub total: usize,
-    pub queued: usize,
-    pub running: usize,
-    pub passed: usize,
-    pub failed: usize,
-    pub errored: usize,
-    pub cancelled: usize,
-    #[serde(default)]
-    pub flaky: usize,
-    #[serde(default)]
-    pub held: usize,
-}
-
-impl BatchCounts {
-    /// Items settled: passed, failed, flaky, held, errored or cancelled.
-    pub fn done(&self) -> usize {
-        self.passed + self.failed + self.flaky + self.held + self.errored + self.cancelled
-    }
-
-    fn of_mut(&mut self, state: ItemState) -> &mut usize {
-        match state {
-            ItemState::Queued => &mut self.queued,
-            ItemState::Running => &mut self.running,
-            ItemState::Passed => &mut self.passed,
-            ItemState::Failed => &mut self.failed,
-            ItemState::Errored => &mut self.errored,
-            ItemState::Cancelled => &mut self.cancelled,
-            ItemState::Flaky => &mut self.flaky,
-            ItemState::Held => &mut self.held,
-        }
-    }
 }
 
 /// Everything of a batch but its items: what it runs, whether it was cancelled, and its books

@@ -267,7 +267,7 @@ impl Runner {
                     }
                     HarnessOp::CheckSkeleton => {
                         let session = session.expect("the build runs in a container");
-                        harness::check_skeleton(
+                        crate::skeleton_check::check_skeleton(
                             &spec.params,
                             wt.ok_or_else(no_worktree)?,
                             session,
