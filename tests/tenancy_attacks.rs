@@ -15,6 +15,8 @@ mod ceilings;
 mod gateway;
 #[path = "tenancy/images.rs"]
 mod images;
+#[path = "tenancy/kit.rs"]
+mod kit;
 #[path = "tenancy/low.rs"]
 mod low;
 #[path = "tenancy/open_api.rs"]

@@ -3,6 +3,7 @@
 //! its admin can lower its limits but never raise one above them (nor lift one by leaving it
 //! out). Here: a team's runs under way and dollars per day, and the models it may call.
 
+use super::kit::call;
 use fleet_tests::stack::{token_of, Stack, StackConfig};
 use fleet_tests::submit::git_repo;
 use serde_json::{json, Value};
@@ -14,27 +15,6 @@ const GRAPH: &str = "name: ceil\nstart: work\nnodes:\n  work:\n    kind: command
 const CEILINGS: &str = r#"{"*": {"concurrent_runs": 2, "daily_usd": 5, "models": ["gpt-4o-mini"],
     "schedules": 1, "batch_weight": 2},
     "team-big": {"concurrent_runs": 3, "daily_usd": 50}}"#;
-
-async fn call(
-    stack: &Stack,
-    token: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> anyhow::Result<(u16, Value)> {
-    let http = reqwest::Client::new();
-    let url = format!("{}{path}", stack.server);
-    let req = match body {
-        Some(b) => http.post(url).json(b),
-        None => http.get(url),
-    };
-    let resp = req.bearer_auth(token).send().await?;
-    let status = resp.status().as_u16();
-    let text = resp.text().await?;
-    Ok((
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    ))
-}
 
 /// `POST /v1/runs` of the one-command graph on `repo`, its input `n`, its agent `agent`.
 async fn submit(

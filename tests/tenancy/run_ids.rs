@@ -3,6 +3,7 @@
 //! whether it exists (the same answer whether it does or not); B's own submissions are made
 //! and found under B's ids, and A never reads B's run.
 
+use super::kit::call;
 use fleet_tests::stack::{token_of, Stack, StackConfig};
 use fleet_tests::submit::git_repo;
 use serde_json::{json, Value};
@@ -18,27 +19,6 @@ fn member_of(stack: &Stack, team: &str) -> anyhow::Result<String> {
         &["token", "create", "--role", "member"],
         &[("FLEET_TOKEN", admin.as_str())],
     )?)
-}
-
-async fn call(
-    stack: &Stack,
-    token: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> anyhow::Result<(u16, Value)> {
-    let http = reqwest::Client::new();
-    let url = format!("{}{path}", stack.server);
-    let req = match body {
-        Some(b) => http.post(url).json(b),
-        None => http.get(url),
-    };
-    let resp = req.bearer_auth(token).send().await?;
-    let status = resp.status().as_u16();
-    let text = resp.text().await?;
-    Ok((
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    ))
 }
 
 /// `POST /v1/runs` of the one-command graph on `repo` under the chosen `run_id`, its input

@@ -4,6 +4,7 @@
 //! coarse outcomes. Each team's notices are signed with its own key and say whose they are,
 //! so team A cannot make the coordinator send team B's receiver a notice B's key verifies.
 
+use super::kit::call;
 use fleet_tests::stack::{token_of, Stack, StackConfig};
 use fleet_tests::submit::git_repo;
 use fleet_tests::webhook::{fake_webhook, header, Received};
@@ -20,27 +21,6 @@ fn tokens(stack: &Stack, team: &str) -> anyhow::Result<(String, String)> {
         &[("FLEET_TOKEN", admin.as_str())],
     )?)?;
     Ok((admin, member))
-}
-
-async fn call(
-    stack: &Stack,
-    token: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> anyhow::Result<(u16, Value)> {
-    let http = reqwest::Client::new();
-    let url = format!("{}{path}", stack.server);
-    let req = match body {
-        Some(b) => http.post(url).json(b),
-        None => http.get(url),
-    };
-    let resp = req.bearer_auth(token).send().await?;
-    let status = resp.status().as_u16();
-    let text = resp.text().await?;
-    Ok((
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    ))
 }
 
 /// `fleet submit` of a one-command graph as `token`, the run naming `webhook` (its input
